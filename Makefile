@@ -1,0 +1,59 @@
+# infertune — the two commands are `make demo` and `make test`; everything they need is installed here.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned here (not in pyproject) so a fresh machine takes the local CPU wheel, not a CUDA build.
+TORCH_PIN := torch==2.13.0
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+PKGS := operator/infertune tuner/infertune
+export PYTHONDONTWRITEBYTECODE := 1
+
+.PHONY: help venv test test-unit test-slow lint typecheck contracts crds demo bench cluster cluster-stop clean
+
+help:
+	@echo "make demo   - run the main job on the embedded defaults"
+	@echo "make test   - lint, types, import contracts and the test suite"
+	@echo "make bench  - benchmarks (ratios side by side)"
+	@echo "make crds   - regenerate crds/ and the chart's CRDs from the pydantic models"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --upgrade pip
+	@$(BIN)/python -m pip install -q "$(TORCH_PIN)"
+	@$(BIN)/python -m pip install -q -e ".[test]"
+	@rm -f $(VENV)/.installed-*; touch $@
+	@echo "venv ready: $(VENV)"
+
+lint: venv
+	$(BIN)/ruff check operator tuner tests benchmarks
+	$(BIN)/ruff format --check operator tuner tests benchmarks
+
+typecheck: venv
+	$(BIN)/mypy $(PKGS)
+
+contracts: venv
+	$(BIN)/lint-imports
+
+crds: venv
+	$(BIN)/infertune crds --out crds/inferenceservices.infertune.dev.yaml --out charts/infertune/crds/inferenceservices.infertune.dev.yaml
+
+test: venv lint typecheck contracts
+	$(BIN)/python -m pytest -m "not slow" tests
+
+test-unit: venv
+	$(BIN)/python -m pytest -m "not slow and not cluster" tests
+
+test-slow: venv
+	$(BIN)/python -m pytest -m slow tests
+
+demo: venv
+	$(BIN)/python scripts/demo.py
+
+bench: venv
+	$(BIN)/python benchmarks/run.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

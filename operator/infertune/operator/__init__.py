@@ -1,0 +1,1 @@
+"""infertune.operator: the kopf operator, its API models and pure builders."""

@@ -1,0 +1,122 @@
+"""InferenceService spec: the tuner's TuningSpec plus where and how to run it on a cluster."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from infertune.tuner.api import ApiModel, Duration, TuningSpec
+
+RetuneTrigger = Literal["SLOViolation", "TrafficDrift", "HardwareChanged"]
+# Label keys and values as Kubernetes defines them (qualified name / label value).
+_LABEL_KEY = r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+
+class Toleration(ApiModel):
+    key: str | None = Field(default=None, max_length=316)
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str | None = Field(default=None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(default=None, ge=0)
+
+
+class Hardware(ApiModel):
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    gpu_products: list[str] = Field(
+        default_factory=list,
+        description="Accepted values of the node label nvidia.com/gpu.product (any when empty).",
+    )
+    gpus_per_replica: int = Field(default=1, ge=0, le=64)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    cpu: str = Field(
+        default="2", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request per pod."
+    )
+    memory: str = Field(
+        default="8Gi",
+        pattern=r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|K|M|G|T)?$",
+        description="Memory per pod.",
+    )
+
+    @field_validator("node_selector")
+    @classmethod
+    def _labels(cls, selector: dict[str, str]) -> dict[str, str]:
+        import re
+
+        for key, value in selector.items():
+            if len(key) > 316 or not re.match(_LABEL_KEY, key):
+                raise ValueError(f"node selector key {key!r} is not a valid label key")
+            if len(value) > 63 or not re.match(_LABEL_VALUE, value):
+                raise ValueError(
+                    f"node selector value {value!r} for {key!r} is not a valid label value"
+                )
+        return selector
+
+    @field_validator("gpu_products")
+    @classmethod
+    def _products(cls, products: list[str]) -> list[str]:
+        import re
+
+        bad = [p for p in products if len(p) > 63 or not re.match(_LABEL_VALUE, p)]
+        if bad:
+            raise ValueError(
+                f"GPU products must be label values (nvidia.com/gpu.product), got {bad}"
+            )
+        return products
+
+
+class Canary(ApiModel):
+    enabled: bool = False
+    replicas: int = Field(default=1, ge=1, le=100)
+    window: Duration = Field(default=Duration("5m"), description="How long the canary must hold.")
+
+
+class Rollout(ApiModel):
+    replicas: int = Field(default=1, ge=0, le=1000)
+    canary: Canary = Field(default_factory=Canary)
+    rollback_on_slo_breach: bool = True
+
+
+class DriftThresholds(ApiModel):
+    """Relative change from the tuned traffic that counts as drift (0.5 = 50%)."""
+
+    rate: float = Field(default=0.5, gt=0, le=100)
+    prompt_tokens: float = Field(default=0.5, gt=0, le=100)
+    output_tokens: float = Field(default=0.5, gt=0, le=100)
+
+
+class RetunePolicy(ApiModel):
+    enabled: bool = True
+    triggers: list[RetuneTrigger] = Field(
+        default_factory=lambda: list[RetuneTrigger](
+            ["SLOViolation", "TrafficDrift", "HardwareChanged"]
+        )
+    )
+    check_interval: Duration = Field(default=Duration("60s"))
+    violation_window: Duration = Field(
+        default=Duration("5m"), description="SLOs must be missed this long before a retune."
+    )
+    cooldown: Duration = Field(default=Duration("30m"), description="Minimum time between retunes.")
+    drift: DriftThresholds = Field(default_factory=DriftThresholds)
+
+    @model_validator(mode="after")
+    def _window_spans_checks(self) -> RetunePolicy:
+        if float(self.violation_window) < float(self.check_interval):
+            raise ValueError(
+                f"violationWindow ({self.violation_window}) must be at least checkInterval "
+                f"({self.check_interval}), or one bad sample would trigger a retune"
+            )
+        return self
+
+
+class InferenceServiceSpec(TuningSpec):
+    hardware: Hardware = Field(default_factory=Hardware)
+    rollout: Rollout = Field(default_factory=Rollout)
+    retune: RetunePolicy = Field(default_factory=RetunePolicy)
+
+    def tuning_spec(self) -> TuningSpec:
+        """The part handed to the tuner; a change elsewhere (replicas, retune policy) never retunes."""
+        return TuningSpec.model_validate(
+            {name: getattr(self, name) for name in TuningSpec.model_fields}
+        )

@@ -1,0 +1,241 @@
+"""ModelRunner: owns the model weights, the paged KV cache and every device side effect.
+
+Contract with the scheduler (torch-free, in ``scheduler.py``): each engine step the scheduler
+hands a list of :class:`StepInput` (one per scheduled sequence) to :meth:`ModelRunner.execute`,
+which returns one sampled token (or ``None``) per input, in the same order.
+
+```python
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0   # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+
+@dataclass
+class StepInput:              # one sequence's share of one engine step
+    seq_id: int
+    token_ids: list[int]      # tokens to run now: a prompt chunk, or the single last token
+    start_pos: int            # absolute position of token_ids[0]; KV for < start_pos is cached
+    block_table: list[int]    # physical KV block ids covering [0, start_pos + len(token_ids))
+    sample: bool              # True on decode steps and the last prompt chunk
+    sampling: SamplingParams
+
+class ModelRunner:
+    def __init__(self, model_dir, *, quantization="fp32", kv_block_size=16,
+                 num_kv_blocks=None, kv_cache_bytes=None, device="cpu",
+                 cuda_graph=False, max_num_seqs=32, seed=0): ...
+    config: LlamaConfig
+    num_kv_blocks: int        # derived from kv_cache_bytes when num_kv_blocks is None
+    def execute(self, batch: list[StepInput]) -> list[int | None]: ...
+    def kv_bytes_per_block(self) -> int: ...
+    def weight_bytes(self) -> int: ...
+```
+
+Sampling with a ``seed`` is reproducible and stateless: the generator for a token is seeded
+from ``(seed, position)``, so a preempted-and-recomputed sequence samples the same tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from infertune.engine.checkpoint import load_tensors
+from infertune.engine.config import LlamaConfig
+from infertune.engine.model import BatchMeta, LlamaModel, PrefillChunk
+from infertune.engine.quant import UnsupportedConfig
+
+__all__ = ["ModelRunner", "SamplingParams", "StepInput", "UnsupportedConfig"]
+
+DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass
+class StepInput:
+    """One sequence's share of one engine step."""
+
+    seq_id: int
+    token_ids: list[int]
+    start_pos: int
+    block_table: list[int]
+    sample: bool
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: Path | str,
+        *,
+        quantization: str = "fp32",
+        kv_block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_bytes: int | None = None,
+        device: str = "cpu",
+        cuda_graph: bool = False,
+        max_num_seqs: int = 32,
+        seed: int = 0,
+        int4_group_size: int = 64,
+    ) -> None:
+        if kv_block_size < 1:
+            raise UnsupportedConfig(f"kv_block_size={kv_block_size} must be a positive integer")
+        if cuda_graph and not device.startswith("cuda"):
+            raise UnsupportedConfig(
+                f"cuda_graph=True needs a CUDA device, got device={device!r}; "
+                "use cuda_graph=False on this machine"
+            )
+        self.model_dir = Path(model_dir)
+        self.config = LlamaConfig.from_dir(self.model_dir)
+        self.quantization = quantization
+        self.device = device
+        self.block_size = kv_block_size
+        self.max_num_seqs = max_num_seqs
+        self.model = LlamaModel(
+            self.config,
+            load_tensors(self.model_dir),
+            quantization=quantization,
+            device=device,
+            group_size=int4_group_size,
+        )
+        if num_kv_blocks is None:
+            budget = DEFAULT_KV_CACHE_BYTES if kv_cache_bytes is None else kv_cache_bytes
+            num_kv_blocks = budget // self.kv_bytes_per_block()
+        if num_kv_blocks < 1:
+            raise UnsupportedConfig(
+                f"kv_cache_bytes={kv_cache_bytes} holds no KV block of "
+                f"{self.kv_bytes_per_block()} bytes (kv_block_size={kv_block_size})"
+            )
+        self.num_kv_blocks = int(num_kv_blocks)
+        self.kv_cache = self.model.allocate_kv_cache(self.num_kv_blocks, kv_block_size)
+        self._generator = torch.Generator(device="cpu").manual_seed(seed)
+        self.cuda_graph = cuda_graph
+
+    def kv_bytes_per_block(self) -> int:
+        cfg = self.config
+        elem = torch.empty((), dtype=self.model.dtype).element_size()
+        return 2 * cfg.num_hidden_layers * cfg.kv_size * self.block_size * elem
+
+    def weight_bytes(self) -> int:
+        return self.model.weight_bytes
+
+    @torch.inference_mode()
+    def execute(self, batch: list[StepInput]) -> list[int | None]:
+        """Run one step for ``batch``; one sampled token (or ``None``) per input, in order."""
+        if not batch:
+            return []
+        logits, sampled_inputs = self.forward_logits(batch)
+        tokens = self._sample(logits, [batch[i].sampling for i in sampled_inputs], batch, sampled_inputs)
+        out: list[int | None] = [None] * len(batch)
+        for i, tok in zip(sampled_inputs, tokens, strict=True):
+            out[i] = tok
+        return out
+
+    @torch.inference_mode()
+    def forward_logits(self, batch: list[StepInput]) -> tuple[torch.Tensor, list[int]]:
+        """fp32 logits for every input with ``sample=True`` and those inputs' indices."""
+        bs = self.block_size
+        # Decode rows (one token, something cached) first so attention can batch them.
+        order = sorted(
+            range(len(batch)), key=lambda i: 0 if self._is_decode(batch[i]) else 1
+        )
+        tokens: list[int] = []
+        positions: list[int] = []
+        slot_blocks: list[int] = []
+        slot_offsets: list[int] = []
+        decode_tables: list[list[int]] = []
+        decode_lens: list[int] = []
+        prefills: list[PrefillChunk] = []
+        sample_rows: list[int] = []
+        sampled_inputs: list[int] = []
+        for i in order:
+            step = batch[i]
+            n = len(step.token_ids)
+            end = step.start_pos + n
+            self._check(step, end)
+            row = len(tokens)
+            tokens.extend(step.token_ids)
+            pos = range(step.start_pos, end)
+            positions.extend(pos)
+            slot_blocks.extend(step.block_table[p // bs] for p in pos)
+            slot_offsets.extend(p % bs for p in pos)
+            if self._is_decode(step):
+                decode_tables.append(step.block_table[: (end + bs - 1) // bs])
+                decode_lens.append(end)
+            else:
+                table = torch.tensor(step.block_table[: (end + bs - 1) // bs], dtype=torch.int64)
+                prefills.append(PrefillChunk(row, n, step.start_pos, table.to(self.device)))
+            if step.sample:
+                sample_rows.append(row + n - 1)
+                sampled_inputs.append(i)
+        width = max((len(t) for t in decode_tables), default=0)
+        padded = [t + [0] * (width - len(t)) for t in decode_tables]
+        dev = self.device
+
+        def ints(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64, device=dev)
+
+        meta = BatchMeta(
+            positions=ints(positions),
+            slot_blocks=ints(slot_blocks),
+            slot_offsets=ints(slot_offsets),
+            num_decode=len(decode_tables),
+            decode_block_tables=ints(padded).view(len(padded), width),
+            decode_context_lens=ints(decode_lens),
+            prefills=prefills,
+            sample_rows=ints(sample_rows),
+        )
+        logits = self.model.forward(ints(tokens), meta, self.kv_cache)
+        return logits, sampled_inputs
+
+    @staticmethod
+    def _is_decode(step: StepInput) -> bool:
+        return len(step.token_ids) == 1 and step.start_pos > 0
+
+    def _check(self, step: StepInput, end: int) -> None:
+        if not step.token_ids:
+            raise ValueError(f"StepInput seq_id={step.seq_id} has no token_ids")
+        if end > self.config.max_position_embeddings:
+            raise ValueError(
+                f"seq_id={step.seq_id} reaches position {end}, beyond the model's "
+                f"max_position_embeddings={self.config.max_position_embeddings}"
+            )
+        if len(step.block_table) * self.block_size < end:
+            raise ValueError(
+                f"seq_id={step.seq_id}: block_table has {len(step.block_table)} blocks of "
+                f"{self.block_size}, too few for {end} positions"
+            )
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        batch: list[StepInput],
+        sampled_inputs: list[int],
+    ) -> list[int]:
+        greedy = logits.argmax(dim=-1).tolist()
+        out: list[int] = []
+        for row, (p, i) in enumerate(zip(params, sampled_inputs, strict=True)):
+            if p.temperature <= 0.0:
+                out.append(int(greedy[row]))
+                continue
+            step = batch[i]
+            gen = self._generator
+            if p.seed is not None:
+                position = step.start_pos + len(step.token_ids)
+                gen = torch.Generator(device="cpu").manual_seed(p.seed * 1_000_003 + position)
+            probs = torch.softmax(logits[row].cpu() / p.temperature, dim=-1)
+            if p.top_p < 1.0:
+                sorted_p, idx = probs.sort(descending=True)
+                keep = sorted_p.cumsum(0) - sorted_p < p.top_p  # always keeps the top token
+                probs = torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])
+            out.append(int(torch.multinomial(probs, 1, generator=gen).item()))
+        return out

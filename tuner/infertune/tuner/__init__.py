@@ -1,0 +1,1 @@
+"""infertune.tuner: profile, search and prove a serving configuration (no Kubernetes here)."""
