@@ -57,3 +57,7 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+.PHONY: chart-rbac
+chart-rbac: venv  ## regenerate the chart's operator rules and kopf peering CRDs from infertune.operator.rbac
+	$(BIN)/python scripts/chart_rbac.py

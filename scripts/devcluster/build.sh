@@ -138,8 +138,7 @@ if [[ ! -e "$KDIR" ]]; then
     mkdir -p "$(dirname "$KDIR")"
     ln -s "$SRC" "$KDIR"
 fi
-export GOPATH="$GOPATH_DIR" GO111MODULE=off GOPROXY=off CGO_ENABLED=0 GOFLAGS=-mod=vendor
-unset GOFLAGS  # -mod is meaningless in GOPATH mode; kept unset deliberately
+export GOPATH="$GOPATH_DIR" GO111MODULE=off GOPROXY=off CGO_ENABLED=0
 export GOCACHE="$WORK/gocache"
 
 # The vendored reflect2 1.0.1 reads runtime internals that changed in Go 1.18+: the apiserver
@@ -158,14 +157,14 @@ GOVER=$(go env GOVERSION | sed 's/^go//')
 LDFLAGS="-s -w"
 # Newer Go (1.23+) refuses the old vendored code's go:linkname pulls unless told otherwise.
 if printf '%s\n1.23\n' "$GOVER" | sort -V -C 2>/dev/null; then :; else LDFLAGS="$LDFLAGS -checklinkname=0"; fi
-VERSION_PKG="k8s.io/client-go/pkg/version"
-KVER=$(sed -n 's/^Version: *\([0-9.]*\).*/\1/p' "$SRC/debian/changelog" 2>/dev/null | head -n1 || true)
-KVER=$(dpkg-parsechangelog -l "$SRC/debian/changelog" -S Version 2>/dev/null | sed 's/.*really//; s/-.*//' || echo 1.20.2)
-for pkg in "$VERSION_PKG" "k8s.io/component-base/version"; do
-    LDFLAGS="$LDFLAGS -X $pkg.gitVersion=v$KVER -X $pkg.gitMajor=1 -X $pkg.gitMinor=${KVER#1.}"
+# Stamp the real version (hack/lib/version.sh does the same): kubectl and clients read it.
+KVER=$(dpkg-parsechangelog -l "$SRC/debian/changelog" -S Version 2>/dev/null | sed 's/.*really//; s/-.*//')
+KVER=${KVER:-1.20.2}
+KMINOR=$(echo "$KVER" | cut -d. -f2)
+for pkg in k8s.io/kubernetes/vendor/k8s.io/client-go/pkg/version k8s.io/kubernetes/vendor/k8s.io/component-base/version; do
+    LDFLAGS="$LDFLAGS -X $pkg.gitVersion=v$KVER -X $pkg.gitMajor=1 -X $pkg.gitMinor=$KMINOR"
+    LDFLAGS="$LDFLAGS -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
 done
-LDFLAGS="${LDFLAGS% }"
-LDFLAGS=$(echo "$LDFLAGS" | sed "s/gitMinor=\([0-9]*\)\.[0-9]*/gitMinor=\1/g")
 
 cd "$KDIR"
 if [[ ! -e "$SRC/.infertune-openapi" ]]; then

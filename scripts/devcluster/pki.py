@@ -35,7 +35,11 @@ def make_credentials(directory: Path) -> Credentials:
     """Create CA, serving cert (SAN 127.0.0.1/localhost/kubernetes.default.svc), SA keys, tokens."""
     directory.mkdir(parents=True, exist_ok=True)
     ca_key, ca_cert = directory / "ca.key", directory / "ca.crt"
-    key, csr, cert = directory / "apiserver.key", directory / "apiserver.csr", directory / "apiserver.crt"
+    key, csr, cert = (
+        directory / "apiserver.key",
+        directory / "apiserver.csr",
+        directory / "apiserver.crt",
+    )
     sa_key, sa_pub = directory / "sa.key", directory / "sa.pub"
     ext = directory / "apiserver.ext"
     _openssl("genrsa", "-out", str(ca_key), "2048")

@@ -45,6 +45,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 RECIPE_VERSION = 1
 INIT_GAIN = 1.0
+HEAD_MODE = "random"
+HEAD_NOISE = 0.0
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
 CHAT_TEMPLATE = (
@@ -155,7 +157,12 @@ def random_weights(spec: ModelSize, seed: int) -> dict[str, torch.Tensor]:
         tensors[f"{p}.mlp.up_proj.weight"] = normal(inter, h)
         tensors[f"{p}.mlp.down_proj.weight"] = normal(h, inter)
     tensors["model.norm.weight"] = norm_weight()
-    tensors["lm_head.weight"] = normal(spec.vocab_size, h)
+    if HEAD_MODE == "perm":
+        perm = torch.randperm(spec.vocab_size, generator=gen)
+        emb = tensors["model.embed_tokens.weight"]
+        tensors["lm_head.weight"] = emb[perm] / h**0.5 + normal(spec.vocab_size, h) * HEAD_NOISE
+    else:
+        tensors["lm_head.weight"] = normal(spec.vocab_size, h)
     dtype = getattr(torch, spec.torch_dtype)
     return {name: t.to(dtype).contiguous() for name, t in tensors.items()}
 

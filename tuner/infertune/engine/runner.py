@@ -31,13 +31,15 @@ class ModelRunner:
     def weight_bytes(self) -> int: ...
 ```
 
+``SamplingParams`` and ``StepInput`` are defined in the torch-free ``step.py`` (so the scheduler
+never imports torch) and re-exported here.
+
 Sampling with a ``seed`` is reproducible and stateless: the generator for a token is seeded
 from ``(seed, position)``, so a preempted-and-recomputed sequence samples the same tokens.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,29 +48,11 @@ from infertune.engine.checkpoint import load_tensors
 from infertune.engine.config import LlamaConfig
 from infertune.engine.model import BatchMeta, LlamaModel, PrefillChunk
 from infertune.engine.quant import UnsupportedConfig
+from infertune.engine.step import SamplingParams, StepInput
 
 __all__ = ["ModelRunner", "SamplingParams", "StepInput", "UnsupportedConfig"]
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
-    seed: int | None = None
-
-
-@dataclass
-class StepInput:
-    """One sequence's share of one engine step."""
-
-    seq_id: int
-    token_ids: list[int]
-    start_pos: int
-    block_table: list[int]
-    sample: bool
-    sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
 class ModelRunner:

@@ -14,11 +14,10 @@ import ssl
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import cast
 
-Api = Literal["completions", "chat"]
-API_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+from infertune.tuner.loadgen.endpoint import Endpoint
+
 _MAX_HEADER_BYTES = 65_536
 _ERROR_BODY_BYTES = 300
 
@@ -61,78 +60,6 @@ class RequestRecord:
         if self.ttft is None or n < 2:
             return None
         return (self.e2e - self.ttft) / (n - 1)
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """Where to send requests: parsed once from the user's URL."""
-
-    host: str
-    port: int
-    tls: bool
-    base_path: str
-    api: Api = "completions"
-
-    @classmethod
-    def parse(cls, url: str, api: Api = "completions") -> Endpoint:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        if parts.scheme not in ("http", "https"):
-            raise ValueError(f"--url {url!r}: scheme must be http or https")
-        if not parts.hostname:
-            raise ValueError(f"--url {url!r}: no host; write e.g. http://127.0.0.1:8000")
-        if api not in API_PATHS:
-            raise ValueError(f"api {api!r} is not supported; allowed values: {sorted(API_PATHS)}")
-        tls = parts.scheme == "https"
-        base = parts.path.rstrip("/")
-        # Accept both http://host:8000 and http://host:8000/v1 as the base.
-        base = base.removesuffix("/v1")
-        return cls(parts.hostname, parts.port or (443 if tls else 80), tls, base, api)
-
-    @property
-    def path(self) -> str:
-        return self.base_path + API_PATHS[self.api]
-
-    @property
-    def host_header(self) -> str:
-        default = 443 if self.tls else 80
-        return self.host if self.port == default else f"{self.host}:{self.port}"
-
-
-def request_body(
-    endpoint: Endpoint,
-    model: str,
-    prompt: str,
-    max_tokens: int,
-    *,
-    ignore_eos: bool = True,
-    extra: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The JSON body; output length is enforced so runs are comparable across engines."""
-    body: dict[str, Any] = {"model": model, "stream": True, "max_tokens": max_tokens}
-    body["stream_options"] = {"include_usage": True}
-    if endpoint.api == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
-        body["max_completion_tokens"] = max_tokens
-    else:
-        body["prompt"] = prompt
-    if ignore_eos:
-        # vLLM, SGLang and llama.cpp honour these; they make the server produce exactly max_tokens.
-        body["ignore_eos"] = True
-        body["min_tokens"] = max_tokens
-    if extra:
-        body.update(extra)
-    return body
-
-
-def encode_request(endpoint: Endpoint, body: dict[str, Any], api_key: str | None = None) -> bytes:
-    payload = json.dumps(body, separators=(",", ":")).encode()
-    auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-    head = (
-        f"POST {endpoint.path} HTTP/1.1\r\nHost: {endpoint.host_header}\r\n"
-        f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{auth}"
-        f"Content-Length: {len(payload)}\r\n\r\n"
-    )
-    return head.encode() + payload
 
 
 class _Exchange:
@@ -298,9 +225,12 @@ class _Exchange:
             self._event(event, now)
 
     def _event(self, event: bytes, now: float) -> None:
-        data = b"\n".join(
-            line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
-        )
+        if event.startswith(b"data: ") and b"\n" not in event:
+            data = event[6:]  # the usual one-line event, without the general parse below
+        else:
+            data = b"\n".join(
+                line[5:].lstrip(b" ") for line in event.split(b"\n") if line.startswith(b"data:")
+            )
         if not data:
             return  # comments / keep-alive pings
         if data == b"[DONE]":
@@ -355,8 +285,8 @@ class _Connection(asyncio.Protocol):
         self.closed = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
             # Small request bodies must leave at once; Nagle would add up to 40 ms.
@@ -401,9 +331,6 @@ class Client:
         self._idle: deque[_Connection] = deque()
         self._busy: set[_Connection] = set()
         self._ssl = ssl.create_default_context() if endpoint.tls else None
-
-    def encode(self, body: dict[str, Any]) -> bytes:
-        return encode_request(self.endpoint, body, self.api_key)
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -469,42 +396,4 @@ def _connect_error(exc: BaseException, endpoint: Endpoint) -> str:
         return f"connection refused: {where}"
     if isinstance(exc, socket.gaierror):
         return f"cannot resolve host: {endpoint.host}"
-    return f"connect failed: {where}: {exc.strerror or exc}"  # type: ignore[union-attr]
-
-
-async def fetch_json(endpoint: Endpoint, path: str, timeout: float = 10.0) -> Any:
-    """GET a small JSON document (e.g. /v1/models); raises OSError/ValueError with a reason."""
-    reader, writer = await asyncio.wait_for(
-        asyncio.open_connection(
-            endpoint.host, endpoint.port, ssl=ssl.create_default_context() if endpoint.tls else None
-        ),
-        timeout,
-    )
-    try:
-        writer.write(
-            f"GET {endpoint.base_path}{path} HTTP/1.1\r\nHost: {endpoint.host_header}\r\n"
-            "Accept: application/json\r\nConnection: close\r\n\r\n".encode()
-        )
-        raw = await asyncio.wait_for(reader.read(), timeout)
-    finally:
-        writer.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status_line = head.split(b"\r\n", 1)[0].decode("latin-1")
-    if " 200" not in status_line:
-        raise ValueError(f"GET {path}: {status_line or 'no response'}")
-    if b"transfer-encoding: chunked" in head.lower():
-        body = _dechunk(body)
-    return json.loads(body)
-
-
-def _dechunk(body: bytes) -> bytes:
-    out, pos = b"", 0
-    while True:
-        eol = body.find(b"\r\n", pos)
-        if eol < 0:
-            return out
-        size = int(body[pos:eol].split(b";")[0], 16)
-        if size == 0:
-            return out
-        out += body[eol + 2 : eol + 2 + size]
-        pos = eol + 4 + size
+    return f"connect failed: {where}: {getattr(exc, 'strerror', None) or exc}"

@@ -1,0 +1,172 @@
+"""What every child shares: names, labels, owner reference, hardened pod settings, placement."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+from urllib.parse import urlparse
+
+from infertune.operator.api import API_VERSION, KIND, InferenceService
+from infertune.operator.hashing import digest
+
+Obj = dict[str, Any]
+
+LABEL_ISVC = "infertune.dev/inferenceservice"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+LABEL_TRACK = "infertune.dev/track"
+MANAGED_BY = "infertune-operator"
+ANN_DESIRED = "infertune.dev/desired-hash"
+ANN_CONFIG = "infertune.dev/config-hash"
+ANN_SPEC = "infertune.dev/spec-hash"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_RESOURCE = "nvidia.com/gpu"
+NONROOT_UID = 65532
+MODELS_ROOT = "/mnt/models"
+
+
+def child_name(base: str, suffix: str, limit: int = 63) -> str:
+    """`base-suffix` within `limit` chars (names used as label values must fit 63)."""
+    name = f"{base}-{suffix}"
+    if len(name) <= limit:
+        return name
+    tag = hashlib.sha256(base.encode()).hexdigest()[:6]
+    keep = limit - len(suffix) - len(tag) - 2
+    return f"{base[:keep].rstrip('-')}-{tag}-{suffix}"
+
+
+def labels(isvc: InferenceService, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "infertune",
+        "app.kubernetes.io/instance": isvc.name[:63],
+        LABEL_COMPONENT: component,
+        LABEL_MANAGED: MANAGED_BY,
+        LABEL_ISVC: isvc.name[:63],
+    }
+
+
+def owner_reference(isvc: InferenceService) -> Obj:
+    """Controller owner: the garbage collector deletes every child with the InferenceService."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": isvc.name,
+        "uid": str(isvc.metadata.get("uid", "")),
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def metadata(isvc: InferenceService, name: str, component: str, **extra_labels: str) -> Obj:
+    return {
+        "name": name,
+        "namespace": isvc.namespace,
+        "labels": {**labels(isvc, component), **extra_labels},
+        "annotations": {},
+        "ownerReferences": [owner_reference(isvc)],
+    }
+
+
+def stamp(obj: Obj) -> Obj:
+    """Record the desired object's hash, so reconcile compares hashes, not server-defaulted fields."""
+    obj["metadata"].setdefault("annotations", {})[ANN_DESIRED] = digest(obj)[:16]
+    return obj
+
+
+def pod_security_context() -> Obj:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NONROOT_UID,
+        "runAsGroup": NONROOT_UID,
+        "fsGroup": NONROOT_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> Obj:
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+def writable_dirs() -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """emptyDirs for /tmp and caches (the root filesystem is read-only); volumes, mounts, env."""
+    vols = [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
+    mounts = [
+        {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - an emptyDir, private to the pod
+        {"name": "cache", "mountPath": "/var/cache/infertune"},
+    ]
+    env = [
+        {"name": "HOME", "value": "/tmp"},  # noqa: S108 - the emptyDir above
+        {"name": "XDG_CACHE_HOME", "value": "/var/cache/infertune"},
+        {"name": "HF_HOME", "value": "/var/cache/infertune/huggingface"},
+        {"name": "TRITON_CACHE_DIR", "value": "/var/cache/infertune/triton"},
+    ]
+    return vols, mounts, env
+
+
+def model_location(uri: str) -> tuple[str, list[Obj], list[Obj]]:
+    """Where the pod sees the model, plus the volume and mount that put it there.
+
+    pvc://CLAIM/sub -> the claim mounted read-only under /mnt/models/CLAIM; file:///dir -> the node's
+    directory (hostPath) at the same path; hf:// and builtin:// need no volume.
+    """
+    parsed = urlparse(uri)
+    scheme = parsed.scheme or "file"
+    if scheme == "pvc":
+        claim = parsed.netloc
+        mount = f"{MODELS_ROOT}/{claim}"
+        vol = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        return (
+            mount + parsed.path.rstrip("/"),
+            [vol],
+            [{"name": "model", "mountPath": mount, "readOnly": True}],
+        )
+    if scheme == "file":
+        path = parsed.path
+        vol = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
+        return path, [vol], [{"name": "model", "mountPath": path, "readOnly": True}]
+    return uri, [], []
+
+
+def placement(isvc: InferenceService, gpu_product: str | None = None) -> Obj:
+    """nodeSelector, required affinity on the GPU product, tolerations (incl. the usual GPU taint)."""
+    hw = isvc.spec.hardware
+    out: Obj = {}
+    if hw.node_selector:
+        out["nodeSelector"] = dict(sorted(hw.node_selector.items()))
+    products = [gpu_product] if gpu_product else list(hw.gpu_products)
+    if products:
+        out["affinity"] = {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {"key": GPU_PRODUCT_LABEL, "operator": "In", "values": products}
+                            ]
+                        }
+                    ]
+                }
+            }
+        }
+    tolerations = [t.to_wire() for t in hw.tolerations]
+    if hw.gpus_per_replica > 0:
+        tolerations.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    if tolerations:
+        out["tolerations"] = tolerations
+    return out
+
+
+def resources(isvc: InferenceService) -> Obj:
+    hw = isvc.spec.hardware
+    requests: Obj = {"cpu": hw.cpu, "memory": hw.memory}
+    limits: Obj = {"memory": hw.memory}
+    if hw.gpus_per_replica > 0:
+        # Extended resources cannot be overcommitted: request and limit must be equal.
+        requests[GPU_RESOURCE] = str(hw.gpus_per_replica)
+        limits[GPU_RESOURCE] = str(hw.gpus_per_replica)
+    return {"requests": requests, "limits": limits}

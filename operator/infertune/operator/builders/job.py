@@ -1,0 +1,143 @@
+"""The tuning Job: the tuner image on a matching GPU node, spec from a ConfigMap, result in the
+pod's termination message (the pod needs no Kubernetes API rights at all)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from infertune.operator.api import InferenceService
+from infertune.operator.builders.common import (
+    ANN_SPEC,
+    Obj,
+    child_name,
+    container_security_context,
+    metadata,
+    model_location,
+    placement,
+    pod_security_context,
+    resources,
+    stamp,
+    writable_dirs,
+)
+from infertune.operator.builders.configmap import SPEC_KEY
+from infertune.operator.settings import OperatorSettings
+from infertune.tuner.api import TuningSpec
+
+SPEC_DIR = "/etc/infertune"
+OUT_DIR = "/var/run/infertune/out"
+TERMINATION_LOG = "/dev/termination-log"
+LABEL_RUN = "infertune.dev/run"
+LABEL_REASON = "infertune.dev/run-reason"
+
+
+class RunPlan(BaseModel):
+    """One tuning run, decided by the operator before anything is created."""
+
+    model_config = ConfigDict(frozen=True)
+
+    run_id: str  # 8 hex chars: hash of what the run is given, plus a retune counter
+    spec_hash: str  # tuning hash of the user's spec when the run started
+    run_hash: str  # hash of the TuningSpec actually handed over (observed traffic included)
+    reason: str  # Created, SpecChanged, SLOViolation, TrafficDrift, HardwareChanged
+    tuning: TuningSpec
+    gpu_product: str | None = None  # pin to this product (a hardware-change retune)
+
+    def job_name(self, isvc: str) -> str:
+        return child_name(isvc, f"tune-{self.run_id}")
+
+    def study_name(self, namespace: str, isvc: str) -> str:
+        return f"{namespace}-{isvc}-{self.run_hash[:8]}"
+
+
+def pod_tuning_spec(tuning: TuningSpec) -> TuningSpec:
+    """The spec as the pod sees it: a pvc:// or file:// model becomes the path it is mounted at."""
+    path, vols, _ = model_location(tuning.model.uri)
+    if not vols:
+        return tuning
+    model = tuning.model.model_copy(
+        update={"uri": f"file://{path}", "name": tuning.model.served_name}
+    )
+    return tuning.model_copy(update={"model": model})
+
+
+def tuner_argv(plan: RunPlan, isvc: InferenceService, settings: OperatorSettings) -> list[str]:
+    argv = [
+        *settings.infertune_command,
+        "tune",
+        f"{SPEC_DIR}/{SPEC_KEY}",
+        "--study-name",
+        plan.study_name(isvc.namespace, isvc.name),
+    ]
+    if settings.storage_secret_ref is not None:
+        argv += ["--storage", "$(INFERTUNE_STORAGE_URL)"]  # expanded by the kubelet
+    return [*argv, "--out", OUT_DIR, "--termination-message", TERMINATION_LOG]
+
+
+def active_deadline(tuning: TuningSpec) -> int:
+    """The study's own wall-time cap plus room to start, profile and write the result."""
+    return int(float(tuning.budget.max_duration) * 1.5 + float(tuning.budget.trial_timeout) + 600)
+
+
+def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSettings) -> Obj:
+    name = plan.job_name(isvc.name)
+    meta = metadata(isvc, name, "tuning", **{LABEL_RUN: plan.run_id, LABEL_REASON: plan.reason})
+    meta["annotations"][ANN_SPEC] = plan.spec_hash
+    _, model_vols, model_mounts = model_location(isvc.spec.model.uri)
+    tmp_vols, tmp_mounts, tmp_env = writable_dirs()
+    env: list[Obj] = [*tmp_env, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    ref = settings.storage_secret_ref
+    if ref is not None:
+        env.append(
+            {
+                "name": "INFERTUNE_STORAGE_URL",
+                "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}},
+            }
+        )
+    container: Obj = {
+        "name": "tuner",
+        "image": settings.tuner_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": tuner_argv(plan, isvc, settings),
+        "env": env,
+        "resources": resources(isvc),
+        "securityContext": container_security_context(),
+        "terminationMessagePath": TERMINATION_LOG,
+        # The tuner writes its compact JSON summary there; if it crashes first, the log tail says why.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            {"name": "spec", "mountPath": SPEC_DIR, "readOnly": True},
+            {"name": "out", "mountPath": "/var/run/infertune"},
+            *tmp_mounts,
+            *model_mounts,
+        ],
+    }
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        # The tuner talks to no API: no token in the pod at all.
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": [
+            {"name": "spec", "configMap": {"name": name}},
+            {"name": "out", "emptyDir": {}},
+            *tmp_vols,
+            *model_vols,
+        ],
+        **placement(isvc, plan.gpu_product),
+    }
+    if settings.tuning_service_account:
+        pod_spec["serviceAccountName"] = settings.tuning_service_account
+    pod_labels = {k: v for k, v in meta["labels"].items()}
+    return stamp(
+        {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta,
+            "spec": {
+                "backoffLimit": settings.job_backoff_limit,
+                "activeDeadlineSeconds": active_deadline(plan.tuning),
+                "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+            },
+        }
+    )

@@ -1,0 +1,167 @@
+"""The keep-checking loop for one InferenceService (called by a kopf timer): observe live latency
+and traffic, set SLOMet, and start a retune on a sustained violation, drift or a GPU change."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from infertune.operator.api import Observation
+from infertune.operator.builders.deployment import deployment_name
+from infertune.operator.conditions import get_condition
+from infertune.operator.context import Ctx, InvalidSpecError, commit, load, log
+from infertune.operator.drift import (
+    REASON_HARDWARE,
+    decide_retune,
+    hardware_change,
+    in_cooldown,
+    observed_traffic,
+    slo_check,
+    traffic_drift,
+    tuned_traffic,
+)
+from infertune.operator.flows import epoch, start_run
+from infertune.operator.monitor import Live, Window, summarise
+from infertune.operator.runtime import Runtime
+
+MATERIAL = 0.10  # relative change of a figure worth a status write (idle objects must stay quiet)
+
+
+def material_change(old: Observation | None, new: Observation) -> bool:
+    """Whether a new observation is worth writing: SLO verdict or violations changed, or a figure
+    moved by more than 10%. Keeps an idle or steady service to near-zero writes per hour."""
+    if (
+        old is None
+        or old.slo_met != new.slo_met
+        or old.violating != new.violating
+        or old.source != new.source
+    ):
+        return True
+    a, b = old.figures.model_dump(), new.figures.model_dump()
+    for key, value in b.items():
+        before = a.get(key)
+        if (before is None) != (value is None):
+            return True
+        if before is not None and value is not None:
+            scale = max(abs(before), abs(value), 1e-9)
+            if abs(value - before) / scale > MATERIAL:
+                return True
+    return False
+
+
+def _serving_pods(pods: list[dict[str, Any]], deployment: str) -> list[dict[str, Any]]:
+    return [
+        p for p in pods
+        if p.get("component") == "serving" and p.get("ip") and p.get("ready") and p.get("name", "").startswith(deployment + "-")
+    ]  # fmt: skip
+
+
+async def _observe(ctx: Ctx, pods: list[dict[str, Any]]) -> tuple[Live | None, str]:
+    rt, isvc = ctx.rt, ctx.isvc
+    interval = float(isvc.spec.retune.check_interval)
+    name = deployment_name(isvc, "stable")
+    if rt.prometheus is not None:
+        regex = f"{name}-[a-z0-9]+-[a-z0-9]+"
+        window: Window | None = await rt.prometheus.window(isvc.namespace, regex, interval)
+        source = "prometheus"
+    else:
+        port = rt.settings.serving_port
+        targets = {p["uid"]: f"http://{p['ip']}:{port}/metrics" for p in _serving_pods(pods, name)}
+        window = await rt.scraper(ctx.key).window(targets) if targets else None
+        source = "scrape"
+    if window is None:
+        return None, source
+    return summarise(window, isvc.spec.slo), source
+
+
+def due(rt: Runtime, key: tuple[str, str], interval: float, now: float) -> bool:
+    last = rt.last_check.get(key)
+    if last is not None and now - last < interval - rt.settings.monitor_tick_s / 2:
+        return False
+    rt.last_check[key] = now
+    return True
+
+
+async def check(
+    rt: Runtime, body: Any, pods: list[dict[str, Any]], nodes: dict[str, str | None]
+) -> None:
+    try:
+        ctx = load(rt, body)
+    except InvalidSpecError:
+        return
+    st, spec = ctx.status, ctx.isvc.spec
+    if st.live is None or not due(rt, ctx.key, float(spec.retune.check_interval), time.monotonic()):
+        return
+    live, source = await _observe(ctx, pods)
+    now = time.monotonic()
+    windows = rt.window(ctx.key)
+    violating: list[str] = []
+    if live is not None:
+        met, violating = slo_check(spec.slo, live.at_percentile)
+        enough = live.requests >= rt.settings.min_requests_for_drift
+        drift = (
+            traffic_drift(tuned_traffic(st.live, spec.traffic), live.figures, spec.retune)
+            if enough
+            else None
+        )
+        windows.update(now, violated=None if met is None else not met, drifted=drift)
+        if met is None:
+            ctx.condition("SLOMet", "Unknown", "NoTraffic", "no requests in the last check window")
+            rt.metrics.slo_checks.labels(*ctx.key, "no_traffic").inc()
+        else:
+            obs = Observation(
+                time=ctx.now, source=source, figures=live.figures, slo_met=met, violating=violating
+            )
+            shown = get_condition(st.conditions, "SLOMet")
+            verdict = "True" if met else "False"
+            if material_change(st.observed, obs) or shown is None or shown.status != verdict:
+                # The condition's message carries figures, so it moves with the observation only.
+                st.observed = obs
+                seen = ", ".join(
+                    f"{m} {v:.1f}ms" for m, v in live.at_percentile.items() if v is not None
+                )
+                message = f"live {seen}" if met else "; ".join(violating)
+                ctx.condition("SLOMet", verdict, "SLOMet" if met else "SLOViolated", message)
+            rt.metrics.slo_met.labels(*ctx.key).set(1 if met else 0)
+            rt.metrics.slo_checks.labels(*ctx.key, "met" if met else "violated").inc()
+    products = {
+        nodes.get(p.get("node") or "")
+        for p in _serving_pods(pods, deployment_name(ctx.isvc, "stable"))
+    }
+    hardware = hardware_change(
+        st.tuning.gpu_product if st.tuning else None, {p for p in products if p}
+    )
+    tuned = get_condition(st.conditions, "Tuned")
+    if tuned is not None and tuned.reason == "Tuning":
+        await commit(ctx)
+        return  # a run is already going; its result decides
+    cooling = in_cooldown(epoch(st.last_retune_time), time.time(), float(spec.retune.cooldown))
+    decision = decide_retune(
+        spec.retune, windows, now, violating=violating, hardware=hardware, in_cooldown_now=cooling
+    )
+    if decision.reason is not None and decision.cooldown:
+        if rt.cooldown_noted.get(ctx.key) != decision.reason:
+            rt.cooldown_noted[ctx.key] = decision.reason
+            log.info("%s/%s: %s held back by the cooldown", *ctx.key, decision.reason)
+    elif decision.reason is not None:
+        rt.cooldown_noted.pop(ctx.key, None)
+        tuning = spec.tuning_spec()
+        if live is not None and live.requests >= rt.settings.min_requests_for_drift:
+            traffic = observed_traffic(
+                tuning.traffic, live.figures, live.prompt_p95, live.output_p95
+            )
+            tuning = tuning.model_copy(update={"traffic": traffic})
+        product = (
+            sorted(p for p in products if p)[0]
+            if decision.reason == REASON_HARDWARE and any(products)
+            else None
+        )
+        ctx.event(
+            "Warning" if decision.reason != REASON_HARDWARE else "Normal",
+            decision.reason,
+            decision.message,
+        )
+        ctx.history("RetuneTriggered", decision.reason, decision.message)
+        await start_run(ctx, decision.reason, tuning, gpu_product=product)
+        rt.windows.pop(ctx.key, None)
+    await commit(ctx)

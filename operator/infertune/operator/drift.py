@@ -1,0 +1,226 @@
+"""Pure decisions for the keep-checking loop: SLO checks over a window, traffic drift against the
+tuned profile, GPU product changes, cooldown, and whether a retuned config beats the live one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from infertune.operator.api import Figures, RetunePolicy, ServingConfig
+from infertune.tuner.api import SLO, LengthDistribution, TrafficProfile
+
+REASON_SLO = "SLOViolation"
+REASON_DRIFT = "TrafficDrift"
+REASON_HARDWARE = "HardwareChanged"
+
+
+def slo_check(slo: SLO, at_percentile: dict[str, float | None]) -> tuple[bool | None, list[str]]:
+    """(met, violating) from each bound metric's observed value (ms) at the SLO's own percentile.
+
+    met is None when no bound metric has an observation (no traffic in the window).
+    """
+    violating: list[str] = []
+    seen = 0
+    for metric, objective in slo.bounds().items():
+        value = at_percentile.get(metric)
+        if value is None:
+            continue
+        seen += 1
+        if value > objective.max.ms:
+            violating.append(
+                f"{metric} {objective.percentile} {value:.1f}ms > {objective.max.ms:g}ms"
+            )
+    if seen == 0:
+        return None, []
+    return not violating, violating
+
+
+@dataclass
+class Windows:
+    """Since when a condition has held continuously (monotonic seconds); kept per service in memory."""
+
+    violating_since: float | None = None
+    drifting_since: float | None = None
+    drift_detail: list[str] = field(default_factory=list)
+
+    def update(self, now: float, *, violated: bool | None, drifted: list[str] | None) -> None:
+        if violated is True:
+            self.violating_since = self.violating_since if self.violating_since is not None else now
+        elif violated is False:
+            self.violating_since = None  # a clean sample restarts the window; no traffic keeps it
+        if drifted:
+            self.drifting_since = self.drifting_since if self.drifting_since is not None else now
+            self.drift_detail = drifted
+        elif drifted is not None:
+            self.drifting_since, self.drift_detail = None, []
+
+    def held(self, since: float | None, now: float, window: float) -> bool:
+        return since is not None and now - since >= window
+
+
+@dataclass(frozen=True)
+class TrafficRef:
+    """The traffic a live config was tuned for."""
+
+    rate: float | None
+    prompt_tokens: float | None
+    output_tokens: float | None
+
+
+def tuned_traffic(config: ServingConfig | None, traffic: TrafficProfile) -> TrafficRef:
+    """What the tuner measured the winner under, falling back to the spec's traffic."""
+    m = config.measured if config is not None and config.measured is not None else Figures()
+    return TrafficRef(
+        rate=m.request_rate if m.request_rate is not None else traffic.rate,
+        prompt_tokens=m.prompt_tokens_mean
+        if m.prompt_tokens_mean is not None
+        else traffic.prompt_tokens.expected,
+        output_tokens=m.output_tokens_mean
+        if m.output_tokens_mean is not None
+        else traffic.output_tokens.expected,
+    )
+
+
+def _relative(observed: float, reference: float) -> float:
+    return abs(observed - reference) / reference if reference > 0 else 0.0
+
+
+def traffic_drift(ref: TrafficRef, observed: Figures, policy: RetunePolicy) -> list[str]:
+    """Dimensions whose relative change exceeds the policy's thresholds."""
+    out: list[str] = []
+    pairs = (
+        ("rate", ref.rate, observed.request_rate, policy.drift.rate, "req/s"),
+        (
+            "promptTokens",
+            ref.prompt_tokens,
+            observed.prompt_tokens_mean,
+            policy.drift.prompt_tokens,
+            "tokens",
+        ),
+        (
+            "outputTokens",
+            ref.output_tokens,
+            observed.output_tokens_mean,
+            policy.drift.output_tokens,
+            "tokens",
+        ),
+    )
+    for name, reference, value, threshold, unit in pairs:
+        if reference is None or value is None:
+            continue
+        change = _relative(value, reference)
+        if change > threshold:
+            out.append(
+                f"{name} {value:.3g} {unit} vs tuned {reference:.3g} "
+                f"({change:+.0%} beyond the {threshold:.0%} threshold)"
+            )
+    return out
+
+
+def hardware_change(tuned_product: str | None, serving_products: set[str]) -> str | None:
+    """A message when a serving pod's node has a GPU product other than the one tuned on."""
+    if tuned_product is None or not serving_products:
+        return None
+    others = sorted(serving_products - {tuned_product})
+    if not others:
+        return None
+    return f"serving on {', '.join(others)} but tuned on {tuned_product}"
+
+
+def in_cooldown(last_retune_epoch: float | None, now_epoch: float, cooldown_s: float) -> bool:
+    return last_retune_epoch is not None and now_epoch - last_retune_epoch < cooldown_s
+
+
+@dataclass(frozen=True)
+class Decision:
+    reason: str | None
+    message: str = ""
+    cooldown: bool = False  # a trigger fired but the cooldown holds it back
+
+
+def decide_retune(
+    policy: RetunePolicy,
+    windows: Windows,
+    now: float,
+    *,
+    violating: list[str],
+    hardware: str | None,
+    in_cooldown_now: bool,
+) -> Decision:
+    """First trigger that fired and is enabled: hardware (immediate), SLO and drift (after a window)."""
+    if not policy.enabled:
+        return Decision(None)
+    window = float(policy.violation_window)
+    fired: list[tuple[str, str]] = []
+    if hardware and REASON_HARDWARE in policy.triggers:
+        fired.append((REASON_HARDWARE, hardware))
+    if REASON_SLO in policy.triggers and windows.held(windows.violating_since, now, window):
+        fired.append((REASON_SLO, "SLOs missed for the violation window: " + "; ".join(violating)))
+    if REASON_DRIFT in policy.triggers and windows.held(windows.drifting_since, now, window):
+        fired.append((REASON_DRIFT, "traffic drifted: " + "; ".join(windows.drift_detail)))
+    if not fired:
+        return Decision(None)
+    reason, message = fired[0]
+    return Decision(reason, message, cooldown=in_cooldown_now)
+
+
+def observed_traffic(
+    base: TrafficProfile, observed: Figures, prompt_p95: float | None, output_p95: float | None
+) -> TrafficProfile:
+    """The spec's traffic with rate and lengths replaced by what live traffic shows."""
+
+    def lengths(
+        mean: float | None, p95: float | None, fallback: LengthDistribution
+    ) -> LengthDistribution:
+        if mean is None or mean < 1:
+            return fallback
+        m = max(1, round(mean))
+        if p95 is not None and round(p95) > m:
+            return LengthDistribution(distribution="lognormal", mean=m, p95=round(p95))
+        return LengthDistribution(distribution="fixed", mean=m)
+
+    update: dict[str, object] = {
+        "prompt_tokens": lengths(observed.prompt_tokens_mean, prompt_p95, base.prompt_tokens),
+        "output_tokens": lengths(observed.output_tokens_mean, output_p95, base.output_tokens),
+    }
+    if observed.request_rate is not None and observed.request_rate > 0:
+        update.update(rate=round(observed.request_rate, 3), concurrency=None)
+    return TrafficProfile.model_validate({**base.model_dump(), **update})
+
+
+def _meets(margins: dict[str, float]) -> bool:
+    return all(v >= 0 for v in margins.values())
+
+
+def beats_live(
+    candidate: ServingConfig,
+    live: ServingConfig,
+    live_observed: Figures | None,
+    live_violating: list[str],
+    objective: str,
+    min_gain: float,
+) -> tuple[bool, str]:
+    """Whether a retuned winner should replace the live config, and why (for the history).
+
+    The candidate's figures were measured by the tuner on the new traffic; the live config's come
+    from the live observation on that same traffic.
+    """
+    if candidate.config_hash is not None and candidate.config_hash == live.config_hash:
+        return False, "the retune chose the live configuration again"
+    cand_ok = _meets(candidate.slo_margins_ms)
+    if cand_ok and live_violating:
+        return True, "meets the SLOs the live configuration misses (" + "; ".join(
+            live_violating
+        ) + ")"
+    if not cand_ok and not live_violating and live_observed is not None:
+        return False, "misses SLOs the live configuration meets"
+    m = candidate.measured or Figures()
+    lo = live_observed or Figures()
+    key = "goodput_rps" if objective == "goodput" else "output_tokens_per_second"
+    new, old = getattr(m, key), getattr(lo, key)
+    if new is None:
+        return False, f"the retune reported no {key}"
+    if old is None or old <= 0:
+        return True, f"{key} {new:.3g} with no live figure to compare"
+    if new > old * (1 + min_gain):
+        return True, f"{key} {new:.3g} vs live {old:.3g} (+{new / old - 1:.0%})"
+    return False, f"{key} {new:.3g} vs live {old:.3g}: gain below {min_gain:.0%}"

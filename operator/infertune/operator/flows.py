@@ -1,0 +1,330 @@
+"""What happens to an InferenceService: start a tuning run, ingest its result, roll out, track the
+Deployment. Handlers (handlers.py) only adapt kopf's calls to these functions."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import kopf
+
+from infertune.operator.api import ServingConfig, TuningRun
+from infertune.operator.builders import (
+    RunPlan,
+    desired_deployment,
+    desired_job,
+    desired_service,
+    desired_spec_configmap,
+)
+from infertune.operator.builders.common import ANN_CONFIG
+from infertune.operator.builders.deployment import deployment_name
+from infertune.operator.builders.job import pod_tuning_spec
+from infertune.operator.conditions import get_condition, parse_iso
+from infertune.operator.context import Ctx, InvalidSpecError, commit, load, log
+from infertune.operator.drift import beats_live
+from infertune.operator.hashing import config_hash, digest, run_hash, tuning_hash
+from infertune.operator.reconcile import ensure
+from infertune.operator.runtime import Runtime
+from infertune.operator.summary import Summary, parse_summary
+from infertune.tuner.api import TuningSpec
+
+USER_REASONS = ("Created", "SpecChanged")
+
+
+async def invalid_spec(err: InvalidSpecError) -> None:
+    ctx = err.ctx
+    ctx.condition("Ready", "False", "InvalidSpec", str(err))
+    ctx.event("Warning", "InvalidSpec", str(err))
+    await commit(ctx)
+    raise kopf.PermanentError(f"invalid spec: {err}")
+
+
+async def on_spec(rt: Runtime, body: Any, trigger: str) -> None:
+    """Create/update/resume: retune only when the tuning-relevant part changed; else keep serving."""
+    try:
+        ctx = load(rt, body)
+    except InvalidSpecError as err:
+        rt.metrics.reconciles.labels(trigger, "invalid").inc()
+        await invalid_spec(err)
+        return
+    spec_hash = tuning_hash(ctx.isvc.spec)
+    run = ctx.status.tuning
+    if run is None or run.spec_hash != spec_hash:
+        reason = "Created" if run is None else "SpecChanged"
+        await start_run(ctx, reason, ctx.isvc.spec.tuning_spec())
+    if ctx.status.live is not None:
+        await ensure_serving(ctx, ctx.status.live)
+    await commit(ctx)
+    rt.metrics.reconciles.labels(trigger, "ok").inc()
+
+
+async def start_run(
+    ctx: Ctx, reason: str, tuning: TuningSpec, gpu_product: str | None = None
+) -> None:
+    rt, isvc, st = ctx.rt, ctx.isvc, ctx.status
+    pod_spec = pod_tuning_spec(tuning)
+    rhash = run_hash(pod_spec, gpu_product)
+    # Deterministic per decision: a retried handler finds the Job it already created.
+    run_id = digest(
+        [rhash, reason, ctx.generation, st.last_retune_time, st.tuning.job if st.tuning else None]
+    )[:8]
+    plan = RunPlan(
+        run_id=run_id,
+        spec_hash=tuning_hash(isvc.spec),
+        run_hash=rhash,
+        reason=reason,
+        tuning=pod_spec,
+        gpu_product=gpu_product,
+    )
+    job_name = plan.job_name(isvc.name)
+    previous = st.tuning.job if st.tuning else None
+    if previous and previous != job_name:
+        # A superseded run: its result is already in the status or no longer wanted.
+        await rt.kube.delete("Job", isvc.namespace, previous)
+        await rt.kube.delete("ConfigMap", isvc.namespace, previous)
+    await rt.kube.create(desired_spec_configmap(isvc, job_name, pod_spec))
+    await rt.kube.create(desired_job(isvc, plan, rt.settings))
+    st.tuning = TuningRun(
+        job=job_name,
+        study=plan.study_name(isvc.namespace, isvc.name),
+        spec_hash=plan.spec_hash,
+        reason=reason,
+        trials_total=pod_spec.budget.max_trials,
+        started_at=ctx.now,
+        gpu_product=gpu_product,
+    )
+    message = f"tuning Job {job_name} started ({reason}); study {st.tuning.study}"
+    ctx.condition("Tuned", "Unknown", "Tuning", message)
+    if st.profile is None:
+        ctx.condition("Profiled", "Unknown", "Profiling", f"profiling in Job {job_name}")
+    ctx.history("TuningStarted", reason, message)
+    ctx.event("Normal", "TuningStarted", message)
+    if reason not in USER_REASONS:
+        st.last_retune_time = ctx.now
+        rt.metrics.retunes.labels(reason).inc()
+
+
+def _job_finished(job: dict[str, Any]) -> str | None:
+    for cond in (job.get("status") or {}).get("conditions") or []:
+        if cond.get("type") in ("Complete", "Failed") and cond.get("status") == "True":
+            return str(cond["type"])
+    return None
+
+
+def _job_pod(pods: list[dict[str, Any]], job_name: str) -> dict[str, Any] | None:
+    mine = [p for p in pods if p.get("job") == job_name and p.get("terminated")]
+    return max(mine, key=lambda p: p.get("finished_at") or "", default=None)
+
+
+def _describe(config: ServingConfig) -> str:
+    m = config.measured
+    figures = ""
+    if m is not None and m.ttft_p95_ms is not None:
+        figures = f", TTFT p95 {m.ttft_p95_ms:.0f}ms"
+    if m is not None and m.goodput_rps is not None:
+        figures += f", goodput {m.goodput_rps:.2f} req/s"
+    graph = "cuda-graph" if config.cuda_graph else "no cuda-graph"
+    return (
+        f"{config.engine}/{config.quantization} maxNumSeqs={config.max_num_seqs} "
+        f"maxNumBatchedTokens={config.max_num_batched_tokens} kvBlockSize={config.kv_block_size} {graph}{figures}"
+    )
+
+
+async def ingest_job(
+    rt: Runtime, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, str | None]
+) -> None:
+    """A tuning Job finished: read the tuner's summary from the pod's termination message."""
+    outcome = _job_finished(job)
+    if outcome is None:
+        return
+    meta = job["metadata"]
+    body = await rt.kube.get(
+        "InferenceService", meta["namespace"], meta["labels"]["infertune.dev/inferenceservice"]
+    )
+    if body is None:
+        return
+    try:
+        ctx = load(rt, body)
+    except InvalidSpecError:
+        return
+    run = ctx.status.tuning
+    if run is None or run.job != meta["name"] or run.finished_at is not None:
+        return  # superseded, or already ingested (a restart replays every Job)
+    pod = _job_pod(pods, meta["name"])
+    summary = parse_summary(pod.get("message") if pod else None)
+    run.finished_at = ctx.now
+    started = parse_iso(run.started_at)
+    finished = parse_iso(ctx.now)
+    duration = (finished - started).total_seconds() if started and finished else None
+    if isinstance(summary, str) or summary.status == "failed":
+        why = (
+            summary
+            if isinstance(summary, str)
+            else (summary.reason or "the tuner reported a failure")
+        )
+        if outcome == "Failed" and isinstance(summary, str):
+            why = f"Job {meta['name']} failed: {why}"
+        ctx.condition("Tuned", "False", "TuningFailed", why)
+        if ctx.status.profile is None:
+            ctx.condition("Profiled", "False", "TuningFailed", why)
+        ctx.history("TuningFailed", run.reason or "", why)
+        ctx.event("Warning", "TuningFailed", why)
+        result = "failed"
+    else:
+        result = summary.status
+        await _ingest_summary(ctx, summary, pod, nodes)
+    rt.metrics.tuning_runs.labels(run.reason or "", result).inc()
+    if duration is not None:
+        rt.metrics.tuning_duration.labels(result).observe(duration)
+    await commit(ctx)
+
+
+async def _ingest_summary(
+    ctx: Ctx, summary: Summary, pod: dict[str, Any] | None, nodes: dict[str, str | None]
+) -> None:
+    st, run = ctx.status, ctx.status.tuning
+    assert run is not None
+    run.trials_completed = summary.trials_completed
+    run.trials_total = summary.trials_total or run.trials_total
+    node_product = nodes.get(pod.get("node") or "") if pod else None
+    # The product the result holds for: what the tuner saw, else the label of the node it ran on.
+    run.gpu_product = summary.gpu_product or node_product or run.gpu_product
+    profile = summary.status_profile()
+    if profile is not None:
+        st.profile = profile
+        phases = [
+            f"{name} {p.bound}-bound"
+            + (f" ({p.percent_of_roofline:.0f}% of roofline)" if p.percent_of_roofline else "")
+            for name, p in (("prefill", profile.prefill), ("decode", profile.decode))
+            if p is not None
+        ]
+        ctx.condition(
+            "Profiled", "True", "Profiled", f"on {profile.hardware}: " + ", ".join(phases)
+        )
+    config = summary.serving_config()
+    if config is None:
+        why = summary.reason or "the tuner found no configuration that runs"
+        ctx.condition("Tuned", "False", "NoConfiguration", why)
+        ctx.event("Warning", "NoConfiguration", why)
+        return
+    image = ctx.rt.settings.image_for(config.engine)
+    config.config_hash = config_hash(config, ctx.isvc.spec.model.uri, image)
+    st.best = config
+    trials = f"{summary.trials_completed}/{summary.trials_total} trials"
+    if summary.status == "succeeded":
+        message = f"best: {_describe(config)} ({trials})"
+        ctx.condition("Tuned", "True", "Tuned", message)
+    else:
+        message = f"no configuration meets the SLOs: {summary.binding_constraint or summary.reason}; closest: {_describe(config)} ({trials})"
+        ctx.condition("Tuned", "False", "SLOInfeasible", message)
+    ctx.history(
+        "Tuned" if summary.status == "succeeded" else "Infeasible",
+        run.reason or "",
+        message,
+        config.config_hash,
+    )
+    ctx.event(
+        "Normal" if summary.status == "succeeded" else "Warning",
+        "Tuned" if summary.status == "succeeded" else "SLOInfeasible",
+        message,
+    )
+    live = st.live
+    if live is None or (run.reason in USER_REASONS):
+        await roll_out(ctx, config)
+        return
+    observed = st.observed
+    ok, why = beats_live(
+        config,
+        live,
+        observed.figures if observed else None,
+        observed.violating if observed else [],
+        ctx.isvc.spec.slo.objective,
+        ctx.rt.settings.min_gain,
+    )
+    if ok:
+        ctx.history("RetuneAccepted", run.reason or "", why, config.config_hash)
+        await roll_out(ctx, config)
+    else:
+        ctx.history("RetuneKept", run.reason or "", f"live config kept: {why}", live.config_hash)
+        ctx.event("Normal", "RetuneKept", f"live config kept: {why}")
+
+
+async def roll_out(ctx: Ctx, config: ServingConfig) -> None:
+    """Serve `config`: the Deployment (config hash on the pod template) and the Service."""
+    ctx.status.live = config
+    verb = await ensure_serving(ctx, config)
+    if verb != "unchanged":
+        message = f"rolling out {_describe(config)} (config {config.config_hash})"
+        ctx.condition("RolledOut", "Unknown", "RollingOut", message)
+        ctx.history(
+            "RollingOut",
+            (ctx.status.tuning.reason or "") if ctx.status.tuning else "",
+            message,
+            config.config_hash,
+        )
+        ctx.event("Normal", "RollingOut", message)
+        ctx.rt.windows.pop(ctx.key, None)  # old observations describe the old config
+
+
+async def ensure_serving(ctx: Ctx, config: ServingConfig) -> str:
+    kube, settings = ctx.rt.kube, ctx.rt.settings
+    verb = await ensure(kube, desired_deployment(ctx.isvc, config, settings))
+    await ensure(kube, desired_service(ctx.isvc, settings))
+    return verb
+
+
+def _deployment_state(dep: dict[str, Any]) -> tuple[str, str, str]:
+    """(status, reason, message) for RolledOut from a Deployment's status."""
+    spec, st = dep.get("spec") or {}, dep.get("status") or {}
+    want = int(spec.get("replicas", 1))
+    updated = int(st.get("updatedReplicas", 0))
+    available = int(st.get("availableReplicas", 0))
+    current_gen = int(st.get("observedGeneration", 0)) >= int(dep["metadata"].get("generation", 0))
+    conds = {c.get("type"): c for c in st.get("conditions") or []}
+    progressing = conds.get("Progressing") or {}
+    if progressing.get("reason") == "ProgressDeadlineExceeded":
+        return "False", "ProgressDeadlineExceeded", str(progressing.get("message", ""))
+    total = int(st.get("replicas", 0))
+    if current_gen and updated >= want and available >= want and total <= want:
+        return "True", "Available", f"{available}/{want} replicas available"
+    return "Unknown", "RollingOut", f"{updated}/{want} replicas updated, {available} available"
+
+
+async def on_deployment(rt: Runtime, dep: dict[str, Any]) -> None:
+    meta = dep["metadata"]
+    labels = meta.get("labels") or {}
+    if labels.get("infertune.dev/track", "stable") != "stable":
+        return
+    body = await rt.kube.get(
+        "InferenceService", meta["namespace"], labels["infertune.dev/inferenceservice"]
+    )
+    if body is None:
+        return
+    try:
+        ctx = load(rt, body)
+    except InvalidSpecError:
+        return
+    live = ctx.status.live
+    if live is None or meta["name"] != deployment_name(ctx.isvc, "stable"):
+        return
+    if (meta.get("annotations") or {}).get(ANN_CONFIG) != live.config_hash:
+        return  # an event about the previous config's template; the next one will tell
+    status, reason, message = _deployment_state(dep)
+    old = get_condition(ctx.status.conditions, "RolledOut")
+    ctx.condition("RolledOut", status, reason, f"{message}; config {live.config_hash}")
+    if status == "True" and (old is None or old.status != "True"):
+        ctx.history("RolledOut", "Available", message, live.config_hash)
+        ctx.event("Normal", "RolledOut", f"Deployment {meta['name']} available: {message}")
+    await commit(ctx)
+
+
+def epoch(iso: str | None) -> float | None:
+    moment = parse_iso(iso)
+    return moment.timestamp() if moment else None
+
+
+def monotonic() -> float:
+    return time.monotonic()
+
+
+__all__ = ["ingest_job", "invalid_spec", "log", "on_deployment", "on_spec", "roll_out", "start_run"]

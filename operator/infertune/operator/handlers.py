@@ -1,0 +1,175 @@
+"""kopf handlers, registered into a registry built from the operator's settings. They adapt kopf's
+calls (bodies, indices, memo) to flows.py and checking.py and hold the per-object lock."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+import kopf
+
+from infertune.operator import checking, flows
+from infertune.operator.api import GROUP, PLURAL, VERSION
+from infertune.operator.builders.common import (
+    GPU_PRODUCT_LABEL,
+    LABEL_COMPONENT,
+    LABEL_ISVC,
+    LABEL_MANAGED,
+    LABEL_TRACK,
+    MANAGED_BY,
+)
+from infertune.operator.k8s import Kube, build_api_client
+from infertune.operator.metrics import OperatorMetrics
+from infertune.operator.monitor import PrometheusSource
+from infertune.operator.runtime import Runtime
+from infertune.operator.settings import OperatorSettings
+
+ISVC = (GROUP, VERSION, PLURAL)
+OURS = {LABEL_MANAGED: MANAGED_BY}
+
+
+def pod_summary(body: Any) -> dict[str, Any]:
+    """What the operator needs of a pod, kept small: the index holds one per pod in memory."""
+    meta, spec, st = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    labels = meta.get("labels") or {}
+    conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+    out: dict[str, Any] = {
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+        "component": labels.get(LABEL_COMPONENT),
+        "track": labels.get(LABEL_TRACK),
+        "job": labels.get("job-name"),
+        "node": spec.get("nodeName"),
+        "ip": st.get("podIP"),
+        "phase": st.get("phase"),
+        "ready": conds.get("Ready") == "True",
+    }
+    for cs in st.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            out.update(
+                terminated=True, message=term.get("message"), finished_at=term.get("finishedAt")
+            )
+    return out
+
+
+def _values(index: Any, key: Any) -> list[Any]:
+    store: Iterable[Any] = index.get(key, []) if index is not None else []
+    return list(store)
+
+
+def _nodes(index: Any) -> dict[str, str | None]:
+    if index is None:
+        return {}
+    return {name: next(iter(store), None) for name, store in index.items()}
+
+
+def _rt(memo: Any) -> Runtime:
+    runtime: Runtime = memo.rt
+    return runtime
+
+
+def _key(body: Any, *, owner_label: bool) -> tuple[str, str]:
+    meta = body.get("metadata", {})
+    name = (meta.get("labels") or {}).get(LABEL_ISVC, "") if owner_label else meta.get("name", "")
+    return str(meta.get("namespace", "")), str(name)
+
+
+def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+
+    @kopf.on.startup(registry=registry)
+    async def startup(**kw: Any) -> None:
+        memo, logger = kw["memo"], kw["logger"]
+        op: OperatorSettings = memo.op_settings
+        metrics = OperatorMetrics()
+        if op.metrics_port is not None:
+            server = metrics.serve(op.metrics_port)
+            memo.metrics_port = server.server_port
+            logger.info("operator metrics on :%d/metrics", server.server_port)
+        memo.rt = Runtime(
+            settings=op,
+            kube=Kube(build_api_client(memo.kubeconfig), metrics),
+            metrics=metrics,
+            prometheus=PrometheusSource(op.prometheus_url, op.scrape_timeout_s)
+            if op.prometheus_url
+            else None,
+        )
+
+    @kopf.index("", "v1", "pods", labels=OURS, registry=registry)
+    def infertune_pods(**kw: Any) -> dict[Any, Any]:
+        body = kw["body"]
+        key = _key(body, owner_label=True)
+        return {key: pod_summary(body)} if key[1] else {}
+
+    @kopf.index("", "v1", "nodes", registry=registry)
+    def infertune_nodes(**kw: Any) -> dict[Any, Any]:
+        return {kw["name"]: kw["labels"].get(GPU_PRODUCT_LABEL)}
+
+    async def spec_handler(**kw: Any) -> None:
+        rt, body = _rt(kw["memo"]), kw["body"]
+        async with rt.lock(_key(body, owner_label=False)):
+            await flows.on_spec(rt, body, str(kw.get("reason", "")))
+
+    for decorator in (kopf.on.create, kopf.on.resume):
+        decorator(*ISVC, registry=registry, id="spec")(spec_handler)
+    kopf.on.update(*ISVC, field="spec", registry=registry, id="spec")(spec_handler)
+
+    @kopf.on.delete(*ISVC, optional=True, registry=registry)
+    async def forget(**kw: Any) -> None:
+        _rt(kw["memo"]).forget(
+            _key(kw["body"], owner_label=False)
+        )  # children go by owner references
+
+    @kopf.on.event(
+        "batch", "v1", "jobs", labels={**OURS, LABEL_COMPONENT: "tuning"}, registry=registry
+    )
+    async def tuning_job(**kw: Any) -> None:
+        if kw.get("type") == "DELETED":
+            return
+        rt, body = _rt(kw["memo"]), kw["body"]
+        key = _key(body, owner_label=True)
+        pods, nodes = _values(kw.get("infertune_pods"), key), _nodes(kw.get("infertune_nodes"))
+        async with rt.lock(key):
+            await flows.ingest_job(rt, dict(body), pods, nodes)
+
+    @kopf.on.event(
+        "apps", "v1", "deployments", labels={**OURS, LABEL_COMPONENT: "serving"}, registry=registry
+    )
+    async def serving_deployment(**kw: Any) -> None:
+        if kw.get("type") == "DELETED":
+            return
+        rt, body = _rt(kw["memo"]), kw["body"]
+        async with rt.lock(_key(body, owner_label=True)):
+            await flows.on_deployment(rt, dict(body))
+
+    @kopf.timer(*ISVC, interval=settings.monitor_tick_s, sharp=False, registry=registry)
+    async def keep_checking(**kw: Any) -> None:
+        rt, body = _rt(kw["memo"]), kw["body"]
+        key = _key(body, owner_label=False)
+        pods, nodes = _values(kw.get("infertune_pods"), key), _nodes(kw.get("infertune_nodes"))
+        async with rt.lock(key):
+            await checking.check(rt, body, pods, nodes)
+
+    return registry
+
+
+def kopf_settings(_op: OperatorSettings) -> kopf.OperatorSettings:
+    """Keep kopf's own writes and events to what an idle fleet can afford."""
+    settings = kopf.OperatorSettings()
+    prefix = "infertune.dev"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=prefix)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=prefix)
+    settings.persistence.finalizer = f"{prefix}/operator"
+    # kopf's own INFO lines ("Handler succeeded") stay in the log; our events are posted explicitly.
+    settings.posting.level = logging.WARNING
+    settings.peering.standalone = _op.peering is None
+    if _op.peering is not None:
+        settings.peering.name = _op.peering
+        settings.peering.mandatory = True
+        settings.peering.clusterwide = _op.all_namespaces
+    settings.networking.request_timeout = 60
+    settings.watching.server_timeout = 300
+    settings.batching.worker_limit = 64
+    return settings

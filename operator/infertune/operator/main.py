@@ -1,0 +1,45 @@
+"""`infertune operator`: run the kopf operator with the settings from flags and environment."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Sequence
+
+import kopf
+
+from infertune.operator.handlers import build_registry, kopf_settings
+from infertune.operator.settings import parse_settings
+
+
+def operator_main(argv: Sequence[str]) -> int:
+    settings, args = parse_settings(argv)
+    kopf.configure(verbose=args.verbose, log_prefix=True)
+    clusterwide = settings.all_namespaces or not settings.namespaces
+    if not settings.namespaces and not settings.all_namespaces:
+        logging.getLogger("infertune.operator").info(
+            "no --namespace given: watching all namespaces"
+        )
+    memo = kopf.Memo(op_settings=settings, kubeconfig=os.environ.get("KUBECONFIG") or None)
+    liveness = (
+        f"http://0.0.0.0:{settings.health_port}/healthz"
+        if settings.health_port is not None
+        else None
+    )
+    try:
+        asyncio.run(
+            kopf.operator(
+                registry=build_registry(settings),
+                settings=kopf_settings(settings),
+                memo=memo,
+                clusterwide=clusterwide,
+                namespaces=list(settings.namespaces),
+                standalone=settings.peering is None,
+                peering_name=settings.peering,
+                liveness_endpoint=liveness,
+            )
+        )
+    except KeyboardInterrupt:
+        return 0
+    return 0

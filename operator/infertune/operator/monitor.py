@@ -1,0 +1,189 @@
+"""Live figures for a serving Deployment: Prometheus (bucket increases over the check window) or,
+without it, the pods' own /metrics scraped twice and differenced. Both end in the same histogram
+arithmetic, so both sources give the same numbers for the same traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from infertune.operator.api import Figures
+from infertune.operator.histograms import (
+    E2E,
+    ITL,
+    OUTPUT,
+    PROMPT,
+    TTFT,
+    Histogram,
+    parse_exposition,
+)
+from infertune.tuner.api import SLO
+
+METRIC_FAMILY = {"ttft": TTFT, "itl": ITL, "e2e": E2E}
+FAMILIES = (TTFT, ITL, E2E, PROMPT, OUTPUT)
+
+
+@dataclass
+class Window:
+    """Histogram increases over `seconds`, summed over the serving pods."""
+
+    seconds: float
+    hists: dict[str, Histogram] = field(default_factory=dict)
+
+    @property
+    def requests(self) -> float:
+        return self.hists[E2E].count if E2E in self.hists else 0.0
+
+
+@dataclass(frozen=True)
+class Live:
+    figures: Figures
+    at_percentile: dict[str, float | None]  # metric -> ms at the SLO's percentile
+    requests: float
+    prompt_p95: float | None
+    output_p95: float | None
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1e3, 3)
+
+
+def summarise(window: Window, slo: SLO) -> Live:
+    """Figures (p50/p95/p99 in ms, rates, mean lengths, estimated goodput) from one window."""
+    h = window.hists
+    fig: dict[str, Any] = {}
+    for metric, family in METRIC_FAMILY.items():
+        hist = h.get(family)
+        for p in (50, 95, 99):
+            fig[f"{metric}_p{p}_ms"] = _ms(hist.quantile(p / 100)) if hist else None
+    at: dict[str, float | None] = {}
+    for metric, objective in slo.bounds().items():
+        hist = h.get(METRIC_FAMILY[metric])
+        at[metric] = _ms(hist.quantile(objective.quantile / 100)) if hist else None
+    seconds = max(window.seconds, 1e-9)
+    requests = window.requests
+    rate = requests / seconds if requests > 0 else None
+    out_hist, prompt_hist = h.get(OUTPUT), h.get(PROMPT)
+    fig["request_rate"] = None if rate is None else round(rate, 4)
+    fig["prompt_tokens_mean"] = prompt_hist.mean if prompt_hist else None
+    fig["output_tokens_mean"] = out_hist.mean if out_hist else None
+    fig["output_tokens_per_second"] = (
+        round(out_hist.sum / seconds, 3) if out_hist and out_hist.count else None
+    )
+    # Goodput: requests/s meeting every request-level bound. Bounds are judged separately per
+    # histogram, so the share is the smallest per-bound share (an upper estimate of the joint one).
+    if rate is not None:
+        shares = [
+            h[METRIC_FAMILY[m]].fraction_below(float(o.max))
+            for m, o in slo.bounds().items()
+            if m != "itl" and METRIC_FAMILY[m] in h
+        ]
+        known = [s for s in shares if s is not None]
+        fig["goodput_rps"] = round(rate * min(known), 4) if known else round(rate, 4)
+    return Live(
+        figures=Figures.model_validate(fig),
+        at_percentile=at,
+        requests=requests,
+        prompt_p95=prompt_hist.quantile(0.95) if prompt_hist else None,
+        output_p95=out_hist.quantile(0.95) if out_hist else None,
+    )
+
+
+@dataclass
+class Scrape:
+    time: float
+    hists: dict[str, Histogram]
+
+
+class Scraper:
+    """Keeps the previous scrape of every pod; `window()` returns the increase since then."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.previous: dict[str, Scrape] = {}
+
+    async def _fetch(self, session: aiohttp.ClientSession, url: str) -> str | None:
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as r:
+                return await r.text() if r.status == 200 else None
+        except (aiohttp.ClientError, TimeoutError, OSError):
+            return None
+
+    async def window(self, targets: dict[str, str]) -> Window | None:
+        """`targets`: pod uid -> metrics URL. None until every pod has a previous scrape."""
+        async with aiohttp.ClientSession() as session:
+            texts = await asyncio.gather(*(self._fetch(session, url) for url in targets.values()))
+        now = time.monotonic()
+        total: dict[str, Histogram] = {}
+        spans: list[float] = []
+        for uid, text in zip(targets, texts, strict=True):
+            if text is None:
+                continue
+            current = Scrape(now, parse_exposition(text, FAMILIES))
+            earlier = self.previous.get(uid)
+            self.previous[uid] = current
+            if earlier is None:
+                continue
+            spans.append(now - earlier.time)
+            for name, hist in current.hists.items():
+                delta = hist.minus(earlier.hists.get(name, Histogram()))
+                total[name] = total.get(name, Histogram()).add(delta)
+        for uid in set(self.previous) - set(targets):
+            del self.previous[uid]  # pods that went away
+        if not spans:
+            return None
+        return Window(seconds=max(spans), hists=total)
+
+
+def promql_bucket_query(family: str, namespace: str, pod_regex: str, seconds: float) -> str:
+    sel = f'namespace="{namespace}",pod=~"{pod_regex}"'
+    return f"sum by (le) (increase({family}_bucket{{{sel}}}[{int(seconds)}s]))"
+
+
+def promql_sum_query(family: str, namespace: str, pod_regex: str, seconds: float) -> str:
+    sel = f'namespace="{namespace}",pod=~"{pod_regex}"'
+    return f"sum(increase({family}_sum{{{sel}}}[{int(seconds)}s]))"
+
+
+class PrometheusSource:
+    """Bucket increases from the Prometheus HTTP API (`/api/v1/query`)."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    async def _query(self, session: aiohttp.ClientSession, promql: str) -> list[dict[str, Any]]:
+        async with session.get(
+            f"{self.url}/api/v1/query",
+            params={"query": promql},
+            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+        ) as r:
+            body = await r.json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"Prometheus query failed: {body.get('error', body)}")
+        result: list[dict[str, Any]] = body["data"]["result"]
+        return result
+
+    async def window(self, namespace: str, pod_regex: str, seconds: float) -> Window:
+        span = max(seconds, 30.0)  # increase() needs at least two samples of the scrape interval
+        hists: dict[str, Histogram] = {}
+        async with aiohttp.ClientSession() as session:
+            for family in FAMILIES:
+                rows = await self._query(
+                    session, promql_bucket_query(family, namespace, pod_regex, span)
+                )
+                if not rows:
+                    continue
+                buckets = {float(r["metric"]["le"]): float(r["value"][1]) for r in rows}
+                sums = await self._query(
+                    session, promql_sum_query(family, namespace, pod_regex, span)
+                )
+                total = max(buckets.values())
+                hists[family] = Histogram(
+                    buckets, float(sums[0]["value"][1]) if sums else 0.0, total
+                )
+        return Window(seconds=span, hists=hists)

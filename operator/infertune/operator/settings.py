@@ -1,0 +1,132 @@
+"""The operator's own configuration (flags and environment), parsed once into one typed model."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DEFAULT_IMAGE = "infertune:0.1.0"
+# Images per engine; the builtin engine ships in the project's own image. Registry-less names so a
+# cluster's mirror or the chart's values decide where they come from.
+DEFAULT_ENGINE_IMAGES: dict[str, str] = {
+    "builtin": DEFAULT_IMAGE,
+    "vllm": "vllm/vllm-openai:v0.6.3",
+    "sglang": "lmsysorg/sglang:v0.3.5",
+    "llamacpp": "llama.cpp:server",
+}
+SERVING_PORT = 8000
+
+
+class OperatorSettings(BaseModel):
+    """Everything `infertune operator` is told at start-up. Immutable while it runs."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    namespaces: tuple[str, ...] = ()
+    all_namespaces: bool = False
+    prometheus_url: str | None = None
+    metrics_port: int = Field(default=8080, ge=0, le=65535)
+    health_port: int | None = Field(default=None, ge=0, le=65535)
+    peering: str | None = None
+    tuner_image: str = DEFAULT_IMAGE
+    engine_images: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENGINE_IMAGES))
+    # argv prefix that runs the `infertune` CLI inside the images (a local test cluster runs
+    # containers as host processes, where the console script lives in a virtualenv).
+    infertune_command: tuple[str, ...] = ("infertune",)
+    storage_secret: str | None = Field(
+        default=None, description="Secret NAME[:KEY] holding the study storage URL (key `url`)."
+    )
+    tuning_service_account: str | None = None
+    monitor_tick_s: float = Field(default=5.0, gt=0, le=600)
+    job_backoff_limit: int = Field(default=2, ge=0, le=20)
+    scrape_timeout_s: float = Field(default=3.0, gt=0, le=60)
+    serving_port: int = SERVING_PORT
+    min_requests_for_drift: int = Field(default=20, ge=1)
+    min_gain: float = Field(
+        default=0.05, ge=0, le=10, description="Relative objective gain a retune must show."
+    )
+    image_pull_policy: str = "IfNotPresent"
+
+    @field_validator("storage_secret")
+    @classmethod
+    def _secret_ref(cls, value: str | None) -> str | None:
+        if value is not None and (not value or value.startswith(":") or value.count(":") > 1):
+            raise ValueError(f"--storage-secret {value!r}: write NAME or NAME:KEY")
+        return value
+
+    @property
+    def storage_secret_ref(self) -> tuple[str, str] | None:
+        if not self.storage_secret:
+            return None
+        name, _, key = self.storage_secret.partition(":")
+        return name, key or "url"
+
+    def image_for(self, engine: str) -> str:
+        if engine not in self.engine_images:
+            raise ValueError(
+                f"no image configured for engine {engine!r}; configured engines: "
+                f"{sorted(self.engine_images)} (set --engine-image {engine}=IMAGE)"
+            )
+        return self.engine_images[engine]
+
+
+def _engine_image(text: str) -> tuple[str, str]:
+    engine, sep, image = text.partition("=")
+    if not sep or not engine or not image:
+        raise argparse.ArgumentTypeError(f"--engine-image {text!r}: write ENGINE=IMAGE")
+    return engine, image
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="infertune operator",
+        description="Run the InferenceService operator (kopf).",
+    )
+    scope = p.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", default=[], dest="namespaces")
+    scope.add_argument("-A", "--all-namespaces", action="store_true")
+    p.add_argument("--prometheus-url", default=env("INFERTUNE_PROMETHEUS_URL"))
+    p.add_argument("--metrics-port", type=int, default=int(env("INFERTUNE_METRICS_PORT", "8080")))
+    p.add_argument("--health-port", type=int, default=None, help="kopf liveness endpoint port")
+    p.add_argument("--peering", default=env("INFERTUNE_PEERING"), help="kopf peering name (HA)")
+    p.add_argument("--tuner-image", default=env("INFERTUNE_TUNER_IMAGE", DEFAULT_IMAGE))
+    p.add_argument("--engine-image", action="append", type=_engine_image, default=[])
+    p.add_argument(
+        "--infertune-command",
+        default=env("INFERTUNE_COMMAND", "infertune"),
+        help="how the images run the CLI (space-separated argv prefix)",
+    )
+    p.add_argument("--storage-secret", default=env("INFERTUNE_STORAGE_SECRET"))
+    p.add_argument("--tuning-service-account", default=env("INFERTUNE_TUNING_SERVICE_ACCOUNT"))
+    p.add_argument("--monitor-tick", type=float, default=5.0, help="seconds between SLO checks")
+    p.add_argument("-v", "--verbose", action="store_true")
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
+    images = dict(DEFAULT_ENGINE_IMAGES)
+    images["builtin"] = args.tuner_image
+    images.update(dict(args.engine_image))
+    return OperatorSettings(
+        namespaces=tuple(args.namespaces),
+        all_namespaces=bool(args.all_namespaces),
+        prometheus_url=args.prometheus_url or None,
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        peering=args.peering or None,
+        tuner_image=args.tuner_image,
+        engine_images=images,
+        infertune_command=tuple(args.infertune_command.split()),
+        storage_secret=args.storage_secret or None,
+        tuning_service_account=args.tuning_service_account or None,
+        monitor_tick_s=args.monitor_tick,
+    )
+
+
+def parse_settings(argv: Sequence[str]) -> tuple[OperatorSettings, argparse.Namespace]:
+    args = build_parser().parse_args(list(argv))
+    return settings_from_args(args), args

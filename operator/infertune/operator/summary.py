@@ -1,0 +1,99 @@
+"""Read the tuner's compact summary (the tuning pod's termination message) into status models."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from infertune.operator.api import Figures, Profile, ServingConfig
+from infertune.operator.api.status import PhaseProfile
+
+SUMMARY_VERSION = 1
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+class SummaryBest(_Camel):
+    engine: str
+    quantization: str
+    max_num_seqs: int = Field(alias="maxNumSeqs")
+    max_num_batched_tokens: int = Field(alias="maxNumBatchedTokens")
+    kv_block_size: int = Field(alias="kvBlockSize")
+    cuda_graph: bool = Field(alias="cudaGraph")
+    measured: dict[str, float | None] = Field(default_factory=dict)
+    slo_margins_ms: dict[str, float] = Field(default_factory=dict, alias="sloMarginsMs")
+
+
+class Summary(_Camel):
+    """The contract's schema (`infertune.tuner.result.compact_summary`), validated at the edge."""
+
+    version: int
+    status: Literal["succeeded", "infeasible", "failed"]
+    reason: str = ""
+    study: str | None = None
+    trials_completed: int = Field(default=0, alias="trialsCompleted")
+    trials_total: int = Field(default=0, alias="trialsTotal")
+    hardware: str | None = None
+    gpu_product: str | None = Field(default=None, alias="gpuProduct")
+    best: SummaryBest | None = None
+    binding_constraint: str | None = Field(default=None, alias="bindingConstraint")
+    profile: dict[str, Any] | None = None
+
+    def serving_config(self) -> ServingConfig | None:
+        if self.best is None:
+            return None
+        b = self.best
+        return ServingConfig(
+            engine=b.engine,
+            quantization=b.quantization,
+            max_num_seqs=b.max_num_seqs,
+            max_num_batched_tokens=b.max_num_batched_tokens,
+            kv_block_size=b.kv_block_size,
+            cuda_graph=b.cuda_graph,
+            measured=Figures.model_validate({k: v for k, v in b.measured.items() if v is not None}),
+            slo_margins_ms=dict(b.slo_margins_ms),
+        )
+
+    def status_profile(self) -> Profile | None:
+        p = self.profile
+        if not p or not p.get("hardware"):
+            return None
+        phases = {
+            k: PhaseProfile.model_validate(p[k])
+            for k in ("prefill", "decode")
+            if isinstance(p.get(k), dict)
+        }
+        return Profile(
+            hardware=str(p["hardware"]),
+            memory_bandwidth_gbps=p.get("memoryBandwidthGbps"),
+            peak_tflops=p.get("peakTflops"),
+            **phases,
+        )
+
+
+def parse_summary(message: str | None) -> Summary | str:
+    """The summary, or a one-line reason why there is none (the log tail of a crash, say)."""
+    text = (message or "").strip()
+    if not text:
+        return "the tuning pod left no termination message"
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        tail = text.splitlines()[-1] if text.splitlines() else text
+        return f"the tuner did not write a summary; last log line: {tail[:500]}"
+    if not isinstance(raw, dict):
+        return "the termination message is JSON but not an object"
+    if raw.get("version") != SUMMARY_VERSION:
+        return (
+            f"summary version {raw.get('version')!r} is not supported (expected {SUMMARY_VERSION})"
+        )
+    try:
+        return Summary.model_validate(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return f"the tuner's summary is malformed at {where}: {first['msg']}"

@@ -1,0 +1,182 @@
+"""The scheduler's filter step, for the node agent: which node may run a pod.
+
+Implements the predicates the operator relies on, with the scheduler's semantics: nodeSelector,
+required node affinity (matchExpressions In/NotIn/Exists/DoesNotExist/Gt/Lt and matchFields on
+metadata.name), taints vs tolerations (NoSchedule/NoExecute), and resource requests including
+extended resources such as ``nvidia.com/gpu`` against the node's allocatable minus what the
+node's non-terminated pods already request. Pods and nodes are plain API JSON dicts.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter, defaultdict
+from decimal import Decimal
+from typing import Any
+
+Obj = dict[str, Any]
+
+_SUFFIX = {
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": Decimal(1),
+    "k": Decimal(10**3), "M": Decimal(10**6), "G": Decimal(10**9), "T": Decimal(10**12),
+    "P": Decimal(10**15), "E": Decimal(10**18),
+    "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30), "Ti": Decimal(2**40),
+    "Pi": Decimal(2**50), "Ei": Decimal(2**60),
+}  # fmt: skip
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+
+
+def parse_quantity(value: str | int | float) -> Decimal:
+    """Parse a Kubernetes quantity ("500m", "2Gi", "1") into a Decimal."""
+    m = _QUANTITY.match(str(value).strip())
+    if not m or m.group(2) not in _SUFFIX:
+        raise ValueError(f"invalid quantity {value!r}")
+    return Decimal(m.group(1)) * _SUFFIX[m.group(2)]
+
+
+def pod_requests(pod: Obj) -> defaultdict[str, Decimal]:
+    """Effective requests: the sum over containers, or the max with any init container."""
+    total: defaultdict[str, Decimal] = defaultdict(Decimal)
+    spec = pod.get("spec", {})
+    for c in spec.get("containers", []):
+        res = c.get("resources") or {}
+        # A limit without a request defaults the request to the limit (apiserver does this too).
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for name, q in merged.items():
+            total[name] += parse_quantity(q)
+    for c in spec.get("initContainers", []) or []:
+        res = c.get("resources") or {}
+        merged = {**(res.get("limits") or {}), **(res.get("requests") or {})}
+        for name, q in merged.items():
+            total[name] = max(total[name], parse_quantity(q))
+    return total
+
+
+def is_terminated(pod: Obj) -> bool:
+    return pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
+
+
+def _match_expression(expr: Obj, labels: dict[str, str]) -> bool:
+    key, op, values = expr.get("key", ""), expr.get("operator", ""), expr.get("values") or []
+    if op == "In":
+        return key in labels and labels[key] in values
+    if op == "NotIn":
+        return key not in labels or labels[key] not in values
+    if op == "Exists":
+        return key in labels
+    if op == "DoesNotExist":
+        return key not in labels
+    if op in ("Gt", "Lt"):
+        try:
+            have, want = int(labels[key]), int(values[0])
+        except (KeyError, ValueError, IndexError):
+            return False
+        return have > want if op == "Gt" else have < want
+    raise ValueError(
+        f"node affinity operator {op!r} is not one of In, NotIn, Exists, DoesNotExist, Gt, Lt"
+    )
+
+
+def _match_term(term: Obj, node: Obj) -> bool:
+    labels = node["metadata"].get("labels") or {}
+    fields = {"metadata.name": node["metadata"]["name"]}
+    exprs = term.get("matchExpressions") or []
+    field_exprs = term.get("matchFields") or []
+    if not exprs and not field_exprs:
+        return False  # an empty term matches no objects (scheduler semantics)
+    return all(_match_expression(e, labels) for e in exprs) and all(
+        _match_expression(e, fields) for e in field_exprs
+    )
+
+
+def matches_affinity(pod: Obj, node: Obj) -> bool:
+    spec = pod.get("spec", {})
+    labels = node["metadata"].get("labels") or {}
+    for k, v in (spec.get("nodeSelector") or {}).items():
+        if labels.get(k) != v:
+            return False
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or {}
+    terms = required.get("nodeSelectorTerms")
+    if terms is None:
+        return True
+    return any(_match_term(t, node) for t in terms)  # terms are ORed
+
+
+def tolerates(toleration: Obj, taint: Obj) -> bool:
+    effect = toleration.get("effect") or ""
+    if effect and effect != taint.get("effect"):
+        return False
+    key = toleration.get("key") or ""
+    op = toleration.get("operator") or "Equal"
+    if not key:
+        return op == "Exists"  # empty key + Exists tolerates everything
+    if key != taint.get("key"):
+        return False
+    return op == "Exists" or (toleration.get("value") or "") == (taint.get("value") or "")
+
+
+def untolerated_taint(pod: Obj, node: Obj) -> Obj | None:
+    tolerations = pod.get("spec", {}).get("tolerations") or []
+    for taint in node.get("spec", {}).get("taints") or []:
+        if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+            continue  # PreferNoSchedule only lowers a score
+        if not any(tolerates(t, taint) for t in tolerations):
+            return dict(taint)
+    return None
+
+
+def insufficient(pod: Obj, node: Obj, pods_on_node: list[Obj]) -> list[str]:
+    """Resource names whose request does not fit in what the node has left."""
+    allocatable = (
+        node.get("status", {}).get("allocatable") or node.get("status", {}).get("capacity") or {}
+    )
+    used: defaultdict[str, Decimal] = defaultdict(Decimal)
+    for other in pods_on_node:
+        if not is_terminated(other):
+            for name, q in pod_requests(other).items():
+                used[name] += q
+    out = []
+    if "pods" in allocatable and len(
+        [p for p in pods_on_node if not is_terminated(p)]
+    ) + 1 > parse_quantity(allocatable["pods"]):
+        out.append("pods")
+    for name, want in sorted(pod_requests(pod).items()):
+        if want <= 0:
+            continue
+        have = parse_quantity(allocatable[name]) if name in allocatable else Decimal(0)
+        if used[name] + want > have:
+            out.append(name)
+    return out
+
+
+def choose_node(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> tuple[Obj | None, str]:
+    """The least-loaded feasible node, or None with a scheduler-style explanation."""
+    reasons: Counter[str] = Counter()
+    feasible: list[tuple[int, str, Obj]] = []
+    for node in nodes:
+        name = node["metadata"]["name"]
+        if node.get("spec", {}).get("unschedulable"):
+            reasons["node(s) were unschedulable"] += 1
+            continue
+        if not matches_affinity(pod, node):
+            reasons["node(s) didn't match node selector"] += 1
+            continue
+        taint = untolerated_taint(pod, node)
+        if taint is not None:
+            reasons[
+                f"node(s) had taint {{{taint.get('key')}: {taint.get('value', '')}}}, that the pod didn't tolerate"
+            ] += 1
+            continue
+        on_node = [p for p in pods if p.get("spec", {}).get("nodeName") == name]
+        short = insufficient(pod, node, on_node)
+        if short:
+            for r in short:
+                reasons[f"Insufficient {r}"] += 1
+            continue
+        feasible.append((len([p for p in on_node if not is_terminated(p)]), name, node))
+    if feasible:
+        return min(feasible, key=lambda t: (t[0], t[1]))[2], ""
+    detail = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+    return None, f"0/{len(nodes)} nodes are available: {detail}."

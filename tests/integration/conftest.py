@@ -1,0 +1,81 @@
+"""Session fixtures for a real control plane (etcd + kube-apiserver + kube-controller-manager).
+
+The cluster is built on first use (``scripts/devcluster/build.sh``, ~6 min once; cached in
+~/.cache/infertune), started once per test session with the project's CRD applied before the
+controller manager (so garbage collection knows the kind at once), and stopped at the end with
+every process it started. Fake nodes (see ``NODES``) run pods as local processes.
+"""
+
+from __future__ import annotations
+
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
+
+import devcluster  # noqa: E402
+import node_agent  # noqa: E402
+
+CRD = ROOT / "crds" / "inferenceservices.infertune.dev.yaml"
+# Two GPU kinds (one with two GPUs), a tainted GPU node that only tolerating pods may use, and a
+# CPU-only node: enough to tell every scheduling predicate apart.
+NODES = [
+    node_agent.gpu_node("gpu-h100-0", product="NVIDIA-H100-80GB-HBM3", gpus=1),
+    node_agent.gpu_node("gpu-a100-0", product="NVIDIA-A100-SXM4-80GB", gpus=2),
+    node_agent.FakeNode(
+        name="gpu-t4-tainted-0",
+        labels=node_agent.gpu_node("x", product="Tesla-T4").labels,
+        capacity=node_agent.gpu_node("x", product="Tesla-T4").capacity,
+        taints=[{"key": "dedicated", "value": "infertune", "effect": "NoSchedule"}],
+    ),
+    node_agent.cpu_node("cpu-0"),
+]
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[devcluster.Cluster]:
+    devcluster.build(log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    c = devcluster.Cluster()
+    try:
+        c.start()
+        c.kubectl("apply", "-f", str(CRD))
+        c.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
+        c.start_controller_manager()
+        c.start_node_agent(NODES, restart_backoff=(0.5, 5.0), max_grace=5.0)
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(cluster: devcluster.Cluster) -> Path:
+    return cluster.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def api(cluster: devcluster.Cluster) -> Iterator[Any]:
+    """An admin ``kubernetes.client.ApiClient``."""
+    client = cluster.api_client()
+    yield client
+    client.close()
+
+
+@pytest.fixture(scope="session")
+def agent(cluster: devcluster.Cluster) -> node_agent.NodeAgent:
+    assert cluster.agent is not None
+    return cluster.agent  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def namespace(cluster: devcluster.Cluster) -> Iterator[str]:
+    """A fresh namespace per test, deleted afterwards (without waiting)."""
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    cluster.create_namespace(name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

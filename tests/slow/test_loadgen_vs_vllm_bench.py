@@ -1,0 +1,159 @@
+"""Cross-check against a peer tool: vLLM's `bench serve` and `infertune bench` at the same rate and
+lengths against the same vLLM server (CPU, the tiny random-weight model) must agree on p50 TTFT and
+throughput within 10%.
+
+vLLM lives in its own virtualenv (scripts/setup_vllm_venv.sh; it pins its own torch), so both the
+server and its benchmark run as subprocesses of that venv's python. Run with `make test-slow`, or:
+    .venv/bin/python -m pytest -m slow tests/slow/test_loadgen_vs_vllm_bench.py -s
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infertune.tuner.api import TrafficProfile
+from infertune.tuner.loadgen import run_load_sync
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+RATE = 4.0  # requests/s: well inside what the tiny model serves on two CPU cores
+N = 120
+PROMPT, OUTPUT = 64, 32
+TOLERANCE = 0.10
+
+# vLLM's benchmark module has no __main__; this is what its CLI does.
+BENCH = (
+    "import sys\n"
+    "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+    "from vllm.benchmarks.serve import add_cli_args, main\n"
+    "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n"
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _vllm_python() -> str:
+    out = subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup_vllm_venv.sh")],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    assert out.returncode == 0, f"setup_vllm_venv.sh failed:\n{out.stderr[-3000:]}"
+    return out.stdout.strip().splitlines()[-1]
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"vLLM server exited:\n{log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"vLLM server not ready in {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from infertune.engine.make_model import ensure_model
+
+    python = _vllm_python()
+    model = ensure_model("tiny")
+    port = _free_port()
+    log = tmp_path_factory.mktemp("vllm") / "server.log"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+             "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
+             "--max-model-len", "512", "--dtype", "float32"],
+            stdout=sink, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+    try:
+        _wait_ready(port, proc, log, timeout=900)
+        yield python, model, port
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _run_vllm_bench(python: str, model: Path, port: int, out: Path) -> dict[str, Any]:
+    cmd = [
+        python, "-c", BENCH,
+        "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}", "--model", "tiny",
+        "--tokenizer", str(model), "--dataset-name", "random",
+        "--random-input-len", str(PROMPT), "--random-output-len", str(OUTPUT),
+        "--random-range-ratio", "0", "--num-prompts", str(N), "--request-rate", str(RATE),
+        # Gamma shape 1000: near-constant gaps in both tools, so that a short run's throughput is
+        # not dominated by how the two random arrival sequences happened to fall.
+        "--burstiness", "1000", "--ignore-eos", "--seed", "0", "--disable-tqdm",
+        "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, (
+        f"vllm bench serve failed:\n{done.stdout[-2000:]}{done.stderr[-3000:]}"
+    )
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+def test_p50_ttft_and_throughput_agree_with_vllm_bench_serve(
+    vllm_server: Any, tmp_path: Path
+) -> None:
+    python, model, port = vllm_server
+    peer = _run_vllm_bench(python, model, port, tmp_path / "vllm.json")
+    traffic = TrafficProfile.model_validate(
+        {
+            "rate": RATE,
+            "arrival": "gamma",
+            "burstiness": 1000,
+            "numRequests": N,
+            "warmupRequests": 1,
+            "promptTokens": {"mean": PROMPT},
+            "outputTokens": {"mean": OUTPUT},
+        }
+    )
+    ours = run_load_sync(
+        f"http://127.0.0.1:{port}", traffic, model="tiny", tokenizer_dir=Path(model)
+    )
+    rows = {
+        "p50 TTFT (ms)": (peer["median_ttft_ms"], ours.ttft.p50),
+        "p50 TPOT (ms)": (peer["median_tpot_ms"], ours.tpot.p50),
+        "p50 ITL (ms)": (peer["median_itl_ms"], ours.itl.p50),
+        "p50 E2E (ms)": (peer["median_e2el_ms"], ours.e2e.p50),
+        "requests/s": (peer["request_throughput"], ours.request_throughput),
+        "output tokens/s": (peer["output_throughput"], ours.output_throughput),
+    }
+    print(f"\n{'metric':<18}{'vllm bench':>12}{'infertune':>12}{'ratio':>8}", file=sys.stderr)
+    for name, (theirs, mine) in rows.items():
+        print(f"{name:<18}{theirs:>12.2f}{mine:>12.2f}{mine / theirs:>8.3f}", file=sys.stderr)
+    assert ours.failed == 0 and peer["completed"] == N
+    assert ours.prompt_tokens_server == PROMPT  # exact prompt lengths, by the server's count
+    assert all(r.output_tokens == OUTPUT for r in ours.records)
+    for name in ("p50 TTFT (ms)", "requests/s", "output tokens/s"):
+        theirs, mine = rows[name]
+        assert mine == pytest.approx(theirs, rel=TOLERANCE), name

@@ -1,0 +1,71 @@
+"""Ground truth: a server emitting tokens at scripted delays, measured at 100 concurrent streams.
+
+Measured TTFT/ITL/e2e percentiles must match the script within 2 ms at p50 and 5 ms at p99, and
+the server's own record of when it wrote each token (same monotonic clock) within the same bounds.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from loadgen_helpers import ServerFactory, server_log
+
+from infertune.tuner.api import TrafficProfile
+from infertune.tuner.loadgen import run_load_sync
+
+TTFT_MS = [20.0, 40.0, 60.0, 80.0, 100.0]
+ITL_MS = [5.0, 10.0, 15.0]
+OUT = 16
+WARMUP = 100
+N = 1500  # a multiple of 5 and 3: the measured requests cover the script evenly
+
+
+def _script(first: int, n: int) -> dict[str, np.ndarray]:
+    idx = np.arange(first, first + n)
+    ttft = np.array(TTFT_MS)[idx % len(TTFT_MS)]
+    itl = np.array(ITL_MS)[idx % len(ITL_MS)]
+    return {
+        "ttft": ttft,
+        "itl": np.repeat(itl, OUT - 1),
+        "e2e": ttft + (OUT - 1) * itl,
+    }
+
+
+def test_percentiles_match_the_script_at_100_streams(scripted_server: ServerFactory) -> None:
+    url = scripted_server(TTFT_MS, ITL_MS)
+    traffic = TrafficProfile.model_validate(
+        {
+            "concurrency": 100,
+            "numRequests": N,
+            "warmupRequests": WARMUP,
+            "promptTokens": {"mean": 32},
+            "outputTokens": {"mean": OUT},
+        }
+    )
+    result = run_load_sync(url, traffic, model="scripted")
+    assert result.completed == N and result.failed == 0
+    assert result.itl.count == N * (OUT - 1)
+    assert all(r.output_tokens == OUT for r in result.records)
+
+    script = _script(WARMUP, N)
+    log = server_log(url)[WARMUP:]
+    actual = {
+        "ttft": np.array([e[0] - rcv for rcv, e in log]) * 1e3,
+        "itl": np.array([b - a for _, e in log for a, b in itertools.pairwise(e)]) * 1e3,
+        "e2e": np.array([e[-1] - rcv for rcv, e in log]) * 1e3,
+    }
+    for metric in ("ttft", "itl", "e2e"):
+        measured = getattr(result, metric)
+        for pct, tol in (("p50", 2.0), ("p99", 5.0)):
+            q = float(pct[1:])
+            got = getattr(measured, pct)
+            want = float(np.percentile(script[metric], q))
+            emitted = float(np.percentile(actual[metric], q))
+            # The generator's own error first (what it measured vs what the server did), then the
+            # end-to-end claim (what it measured vs the script).
+            assert got == pytest.approx(emitted, abs=tol), f"{metric} {pct} vs server record"
+            assert got == pytest.approx(want, abs=tol), f"{metric} {pct} vs script"
+    # TPOT = (e2e - TTFT) / (n - 1): with a constant scripted gap it is that gap.
+    assert result.tpot.p50 == pytest.approx(10.0, abs=2.0)

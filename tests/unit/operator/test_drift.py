@@ -1,0 +1,172 @@
+"""The keep-checking decisions: SLO windows, drift thresholds, hardware change, cooldown, rollout."""
+
+from __future__ import annotations
+
+from infertune.operator.api import Figures, Observation, RetunePolicy, ServingConfig
+from infertune.operator.checking import material_change
+from infertune.operator.drift import (
+    Windows,
+    beats_live,
+    decide_retune,
+    hardware_change,
+    in_cooldown,
+    observed_traffic,
+    slo_check,
+    traffic_drift,
+    tuned_traffic,
+)
+from infertune.tuner.api import SLO, TrafficProfile
+
+POLICY = RetunePolicy.model_validate(
+    {"checkInterval": "15s", "violationWindow": "30s", "cooldown": "1m"}
+)
+SLO_ = SLO.model_validate({"ttft": {"max": "300ms", "percentile": "p95"}, "itl": {"max": "50ms"}})
+
+
+def cfg(**kw: object) -> ServingConfig:
+    base: dict[str, object] = dict(engine="builtin", quantization="fp32", max_num_seqs=4, max_num_batched_tokens=256,
+                                   kv_block_size=16, cuda_graph=False, config_hash="live")  # fmt: skip
+    return ServingConfig.model_validate({**base, **kw})
+
+
+def test_slo_check_names_each_violation() -> None:
+    assert slo_check(SLO_, {"ttft": 250.0, "itl": 20.0}) == (True, [])
+    met, violating = slo_check(SLO_, {"ttft": 412.0, "itl": 20.0})
+    assert met is False and violating == ["ttft p95 412.0ms > 300ms"]
+    assert slo_check(SLO_, {"ttft": None, "itl": None}) == (None, [])
+
+
+def test_violation_must_hold_for_the_window() -> None:
+    w = Windows()
+    w.update(0, violated=True, drifted=None)
+    w.update(15, violated=True, drifted=None)
+    assert (
+        decide_retune(POLICY, w, 15, violating=["x"], hardware=None, in_cooldown_now=False).reason
+        is None
+    )
+    w.update(30, violated=True, drifted=None)
+    assert (
+        decide_retune(POLICY, w, 30, violating=["x"], hardware=None, in_cooldown_now=False).reason
+        == "SLOViolation"
+    )
+    w.update(45, violated=False, drifted=None)  # one good window resets it
+    assert (
+        decide_retune(POLICY, w, 45, violating=[], hardware=None, in_cooldown_now=False).reason
+        is None
+    )
+    w.update(50, violated=None, drifted=None)  # no traffic neither resets nor extends
+    assert w.violating_since is None
+
+
+def test_drift_beyond_thresholds_only() -> None:
+    ref = tuned_traffic(
+        None, TrafficProfile.model_validate({"rate": 8, "promptTokens": {"mean": 80}})
+    )
+    small = Figures(request_rate=9.0, prompt_tokens_mean=100.0, output_tokens_mean=64.0)
+    assert traffic_drift(ref, small, POLICY) == []
+    big = Figures(request_rate=8.0, prompt_tokens_mean=400.0, output_tokens_mean=64.0)
+    out = traffic_drift(ref, big, POLICY)
+    assert len(out) == 1 and out[0].startswith("promptTokens 400") and "+400%" in out[0]
+
+
+def test_tuned_reference_prefers_what_the_tuner_measured() -> None:
+    traffic = TrafficProfile.model_validate({"concurrency": 4})
+    live = cfg(measured={"requestRate": 3.5, "promptTokensMean": 500.0})
+    ref = tuned_traffic(live, traffic)
+    assert (ref.rate, ref.prompt_tokens, ref.output_tokens) == (3.5, 500.0, 64.0)
+
+
+def test_hardware_change_is_immediate_and_first() -> None:
+    assert hardware_change("NVIDIA-H100-80GB-HBM3", {"NVIDIA-H100-80GB-HBM3"}) is None
+    msg = hardware_change("NVIDIA-H100-80GB-HBM3", {"NVIDIA-A100-SXM4-80GB"})
+    assert msg == "serving on NVIDIA-A100-SXM4-80GB but tuned on NVIDIA-H100-80GB-HBM3"
+    w = Windows()
+    w.update(0, violated=True, drifted=["rate"])
+    d = decide_retune(POLICY, w, 100, violating=["x"], hardware=msg, in_cooldown_now=False)
+    assert d.reason == "HardwareChanged"
+
+
+def test_disabled_triggers_and_cooldown() -> None:
+    policy = POLICY.model_copy(update={"triggers": ["TrafficDrift"]})
+    w = Windows()
+    w.update(0, violated=True, drifted=None)
+    assert (
+        decide_retune(
+            policy, w, 100, violating=["x"], hardware="changed", in_cooldown_now=False
+        ).reason
+        is None
+    )
+    w.update(0, violated=None, drifted=["promptTokens"])
+    d = decide_retune(policy, w, 100, violating=[], hardware=None, in_cooldown_now=True)
+    assert d.reason == "TrafficDrift" and d.cooldown
+    assert (
+        in_cooldown(1000.0, 1030.0, 60.0)
+        and not in_cooldown(1000.0, 1061.0, 60.0)
+        and not in_cooldown(None, 1.0, 60.0)
+    )
+    off = POLICY.model_copy(update={"enabled": False})
+    assert (
+        decide_retune(off, w, 100, violating=[], hardware="x", in_cooldown_now=False).reason is None
+    )
+
+
+def test_observed_traffic_replaces_rate_and_lengths() -> None:
+    base = TrafficProfile.model_validate({"concurrency": 4, "numRequests": 48})
+    new = observed_traffic(
+        base,
+        Figures(request_rate=6.25, prompt_tokens_mean=410.0, output_tokens_mean=31.6),
+        800.0,
+        None,
+    )
+    assert new.rate == 6.25 and new.concurrency is None and new.num_requests == 48
+    assert (
+        new.prompt_tokens.distribution == "lognormal"
+        and new.prompt_tokens.mean == 410
+        and new.prompt_tokens.p95 == 800
+    )
+    assert new.output_tokens.distribution == "fixed" and new.output_tokens.mean == 32
+
+
+def test_rollout_only_when_the_retune_beats_live() -> None:
+    live = cfg()
+    same = cfg(config_hash="live", slo_margins_ms={"ttft": 10.0})
+    assert beats_live(same, live, None, [], "goodput", 0.05) == (
+        False,
+        "the retune chose the live configuration again",
+    )
+    better = cfg(
+        config_hash="new",
+        quantization="int8",
+        slo_margins_ms={"ttft": 50.0},
+        measured={"goodputRps": 8.0},
+    )
+    ok, why = beats_live(
+        better, live, Figures(goodput_rps=5.0), ["ttft p95 400ms > 300ms"], "goodput", 0.05
+    )
+    assert ok and "meets the SLOs" in why
+    ok, why = beats_live(better, live, Figures(goodput_rps=7.9), [], "goodput", 0.05)
+    assert not ok and "gain below 5%" in why
+    ok, _ = beats_live(better, live, Figures(goodput_rps=6.0), [], "goodput", 0.05)
+    assert ok
+    worse = cfg(config_hash="new", slo_margins_ms={"ttft": -20.0}, measured={"goodputRps": 9.0})
+    assert not beats_live(worse, live, Figures(goodput_rps=6.0), [], "goodput", 0.05)[0]
+
+
+def test_steady_observations_are_not_rewritten() -> None:
+    a = Observation(
+        time="t0",
+        source="scrape",
+        figures=Figures(ttft_p95_ms=100.0, request_rate=8.0),
+        slo_met=True,
+    )
+    assert not material_change(
+        a,
+        a.model_copy(
+            update={"time": "t1", "figures": Figures(ttft_p95_ms=105.0, request_rate=8.3)}
+        ),
+    )
+    assert material_change(
+        a, a.model_copy(update={"figures": Figures(ttft_p95_ms=130.0, request_rate=8.0)})
+    )
+    assert material_change(a, a.model_copy(update={"slo_met": False, "violating": ["ttft"]}))
+    assert material_change(None, a)

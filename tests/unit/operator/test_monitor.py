@@ -1,0 +1,139 @@
+"""Live figures from /metrics: parsing, differencing two scrapes, PromQL-equivalent quantiles."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+from infertune.operator.histograms import E2E, ITL, OUTPUT, PROMPT, TTFT, parse_exposition
+from infertune.operator.histograms import Histogram as Hist
+from infertune.operator.monitor import Scraper, Window, promql_bucket_query, summarise
+from infertune.tuner.api import SLO
+
+BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048)
+
+
+class FakeEngine:
+    """An engine's metrics the way vLLM (and the builtin engine) expose them."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        self.ttft = Histogram(TTFT, "ttft", labels, buckets=BUCKETS, registry=self.registry)
+        self.itl = Histogram(ITL, "itl", labels, buckets=BUCKETS, registry=self.registry)
+        self.e2e = Histogram(E2E, "e2e", labels, buckets=BUCKETS, registry=self.registry)
+        self.prompt = Histogram(PROMPT, "prompt", labels, buckets=TOKENS, registry=self.registry)
+        self.output = Histogram(OUTPUT, "output", labels, buckets=TOKENS, registry=self.registry)
+
+    def request(self, ttft: float, itl: float, prompt: int, output: int) -> None:
+        self.ttft.labels("m").observe(ttft)
+        for _ in range(output - 1):
+            self.itl.labels("m").observe(itl)
+        self.e2e.labels("m").observe(ttft + itl * (output - 1))
+        self.prompt.labels("m").observe(prompt)
+        self.output.labels("m").observe(output)
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+def test_quantiles_match_histogram_quantile_semantics() -> None:
+    h = Hist({0.1: 0.0, 0.2: 50.0, 0.4: 100.0, float("inf"): 100.0}, 20.0, 100.0)
+    assert h.quantile(0.5) == pytest.approx(0.2)
+    assert h.quantile(0.75) == pytest.approx(0.3)
+    assert h.quantile(0.25) == pytest.approx(0.15)
+    assert h.fraction_below(0.3) == pytest.approx(0.75)
+    assert h.mean == pytest.approx(0.2)
+    overflow = Hist({0.1: 1.0, float("inf"): 10.0}, 5.0, 10.0)
+    assert overflow.quantile(0.99) == 0.1  # PromQL returns the highest finite bound
+    assert Hist().quantile(0.5) is None
+
+
+def test_difference_of_two_scrapes_is_the_window_and_resets_are_survived() -> None:
+    engine = FakeEngine()
+    for _ in range(100):
+        engine.request(ttft=0.02, itl=0.01, prompt=40, output=10)  # before the window
+    before = parse_exposition(engine.text())
+    for _ in range(50):
+        engine.request(ttft=0.4, itl=0.03, prompt=700, output=20)  # the window
+    after = parse_exposition(engine.text())
+    window = {name: after[name].minus(before[name]) for name in after}
+    assert window[E2E].count == 50
+    assert window[PROMPT].mean == pytest.approx(700)
+    assert 0.25 <= (window[TTFT].quantile(0.95) or 0) <= 0.5
+    restarted = parse_exposition(FakeEngine().text())
+    assert restarted[E2E].minus(after[E2E]).count == 0  # reset: counts from zero, never negative
+
+
+def test_summary_of_a_window_gives_figures_and_slo_percentiles() -> None:
+    rng = random.Random(7)
+    engine = FakeEngine()
+    start = parse_exposition(engine.text())
+    for _ in range(200):
+        engine.request(
+            ttft=rng.uniform(0.05, 0.2), itl=0.02, prompt=rng.randint(64, 128), output=32
+        )
+    end = parse_exposition(engine.text())
+    window = Window(seconds=20.0, hists={n: end[n].minus(start[n]) for n in end})
+    slo = SLO.model_validate({"ttft": {"max": "150ms", "percentile": "p90"}, "e2e": {"max": "2s"}})
+    live = summarise(window, slo)
+    f = live.figures
+    assert f.request_rate == pytest.approx(10.0)
+    assert f.output_tokens_mean == pytest.approx(
+        32
+    ) and f.output_tokens_per_second == pytest.approx(320)
+    assert 90 <= (f.prompt_tokens_mean or 0) <= 102
+    assert live.at_percentile["ttft"] is not None and 100 <= live.at_percentile["ttft"] <= 250
+    assert f.ttft_p50_ms is not None and f.ttft_p99_ms is not None and f.ttft_p50_ms < f.ttft_p99_ms
+    # About a third of the requests exceed 150ms TTFT, so goodput is well below the rate.
+    assert f.goodput_rps is not None and 5.0 < f.goodput_rps < 8.5
+    assert live.requests == 200
+
+
+def test_scraper_needs_two_scrapes_and_sums_pods() -> None:
+    engines = [FakeEngine(), FakeEngine()]
+
+    async def scenario() -> tuple[Window | None, Window | None]:
+        app = web.Application()
+
+        def handler(eng: FakeEngine) -> Any:
+            async def serve(_request: web.Request) -> web.Response:
+                return web.Response(text=eng.text())
+
+            return serve
+
+        for i, eng in enumerate(engines):
+            app.router.add_get(f"/{i}/metrics", handler(eng))
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        targets = {f"pod-{i}": f"http://127.0.0.1:{port}/{i}/metrics" for i in range(2)}
+        targets["gone"] = f"http://127.0.0.1:{port}/missing/metrics"
+        scraper = Scraper(timeout_s=2)
+        first = await scraper.window(targets)
+        for eng in engines:
+            for _ in range(5):
+                eng.request(ttft=0.1, itl=0.01, prompt=100, output=8)
+        second = await scraper.window(targets)
+        await runner.cleanup()
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert first is None
+    assert second is not None and second.requests == 10
+
+
+def test_promql_selects_the_deployments_pods() -> None:
+    q = promql_bucket_query(TTFT, "team-a", "tiny-demo-[a-z0-9]+-[a-z0-9]+", 60)
+    assert q == (
+        "sum by (le) (increase(vllm:time_to_first_token_seconds_bucket"
+        '{namespace="team-a",pod=~"tiny-demo-[a-z0-9]+-[a-z0-9]+"}[60s]))'
+    )

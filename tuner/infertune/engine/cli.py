@@ -1,0 +1,265 @@
+"""``infertune serve`` and ``infertune make-model``: argument parsing and process lifecycle.
+
+torch is imported only inside :func:`serve_main` so that ``--help`` and argument errors stay fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["build_serve_parser", "make_model_main", "parse_size", "serve_main"]
+
+QUANTIZATIONS = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
+MODEL_SIZES = ("tiny", "small", "medium")
+DEFAULT_KV_CACHE = "256MiB"
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+    "ki": 2**10, "kib": 2**10, "mi": 2**20, "mib": 2**20, "gi": 2**30, "gib": 2**30,
+}  # fmt: skip
+
+log = logging.getLogger("infertune.engine")
+
+
+def parse_size(text: str) -> int:
+    """``512MiB``, ``1.5GiB``, ``800M`` or a plain byte count, as bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a size; use bytes or a number with KiB/MiB/GiB (or KB/MB/GB), "
+            "e.g. 512MiB"
+        )
+    value = int(float(m.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive size")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a positive integer")
+    return value
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a fraction in (0, 1]")
+    return value
+
+
+def build_serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="infertune serve",
+        description="Serve a Llama-family checkpoint over an OpenAI-compatible HTTP API.",
+    )
+    p.add_argument(
+        "--model",
+        required=True,
+        help=f"checkpoint directory, or one of {', '.join(MODEL_SIZES)} for a generated model",
+    )
+    p.add_argument("--served-model-name", help="name in /v1/models (default: the directory name)")
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default="fp32")
+    p.add_argument("--int4-group-size", type=int, choices=(32, 64, 128), default=64)
+    p.add_argument("--max-num-seqs", type=_positive_int, default=32)
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=512)
+    p.add_argument("--kv-block-size", type=_positive_int, default=16)
+    mem = p.add_mutually_exclusive_group()
+    mem.add_argument(
+        "--kv-cache-memory",
+        type=parse_size,
+        help=f"bytes for the paged KV cache, e.g. 512MiB (default {DEFAULT_KV_CACHE})",
+    )
+    mem.add_argument(
+        "--gpu-memory-utilization",
+        type=_fraction,
+        help="CUDA only: fraction of GPU memory for weights + KV cache (the rest is left free)",
+    )
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--max-model-len", type=_positive_int, help="context length (default: model's)")
+    p.add_argument(
+        "--max-waiting",
+        type=_positive_int,
+        default=512,
+        help="waiting-queue bound; beyond it requests get 503 + Retry-After",
+    )
+    p.add_argument("--threads", type=_positive_int, help="torch threads (default: all cores)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--log-level", default="WARNING")
+    return p
+
+
+def _model_dir(model: str) -> Path:
+    path = Path(model)
+    if path.is_dir():
+        return path
+    if model in MODEL_SIZES:
+        from infertune.engine.make_model import ensure_model
+
+        return ensure_model(model)
+    raise SystemExit(
+        f"--model {model!r} is neither a checkpoint directory nor one of {', '.join(MODEL_SIZES)}"
+    )
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _kv_cache_bytes(args: argparse.Namespace, model_dir: Path, device: str) -> int:
+    """Bytes for the KV cache from --kv-cache-memory or --gpu-memory-utilization."""
+    if args.gpu_memory_utilization is None:
+        return int(args.kv_cache_memory or parse_size(DEFAULT_KV_CACHE))
+    if not device.startswith("cuda"):
+        raise SystemExit(
+            "--gpu-memory-utilization applies to CUDA devices only; on "
+            f"device={device!r} size the cache with --kv-cache-memory (e.g. 512MiB)"
+        )
+    import torch
+
+    from infertune.engine.config import LlamaConfig, weight_bytes
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    weights = weight_bytes(LlamaConfig.from_dir(model_dir), args.quantization)
+    # Activations and allocator slack for one max_num_batched_tokens step (generous).
+    reserve = 256 * 2**20 + 64 * args.max_num_batched_tokens * 2**10
+    budget = int(args.gpu_memory_utilization * total) - (total - free) - weights - reserve
+    if budget <= 0:
+        raise SystemExit(
+            f"--gpu-memory-utilization {args.gpu_memory_utilization} leaves no room for a KV "
+            f"cache ({(total - free) / 2**30:.1f} GiB in use, weights {weights / 2**30:.2f} GiB)"
+        )
+    return int(budget)
+
+
+def serve_main(argv: list[str]) -> int:
+    args = build_serve_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    import torch
+    from tokenizers import Tokenizer
+
+    from infertune.engine.config import ConfigError
+    from infertune.engine.engine import Engine
+    from infertune.engine.runner import ModelRunner, UnsupportedConfig
+    from infertune.engine.server import EngineServer
+
+    torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    model_dir = _model_dir(args.model)
+    device = _device(args.device)
+    try:
+        runner = ModelRunner(
+            model_dir,
+            quantization=args.quantization,
+            kv_block_size=args.kv_block_size,
+            kv_cache_bytes=_kv_cache_bytes(args, model_dir, device),
+            device=device,
+            cuda_graph=args.cuda_graph,
+            max_num_seqs=args.max_num_seqs,
+            seed=args.seed,
+            int4_group_size=args.int4_group_size,
+        )
+    except (UnsupportedConfig, ConfigError) as exc:
+        print(f"infertune serve: {exc}", file=sys.stderr)
+        return 2
+    cfg = runner.config
+    max_model_len = min(
+        args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+    )
+    engine = Engine(
+        runner,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=max_model_len,
+        eos_token_ids=cfg.eos_token_ids,
+        max_waiting=args.max_waiting,
+    )
+    engine.warmup()
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    name = args.served_model_name or model_dir.name
+    server = EngineServer(engine, tokenizer, model_name=name, model_dir=model_dir)
+    log.info(
+        "%s: %s, %d KV blocks of %d tokens, weights %.1f MiB",
+        name,
+        args.quantization,
+        runner.num_kv_blocks,
+        args.kv_block_size,
+        runner.weight_bytes() / 2**20,
+    )
+    try:
+        asyncio.run(_serve(server, args.host, args.port))
+    except OSError as exc:  # e.g. the port is taken
+        print(f"infertune serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        engine.stop()
+    return 0
+
+
+async def _serve(server: Any, host: str, port: int) -> None:
+    from infertune.engine.server import start_server
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server.engine.start()
+    runner, bound = await start_server(server, host, port)
+    print(f"infertune engine ready on http://{host}:{bound}", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def make_model_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(
+        prog="infertune make-model",
+        description="Write a random-weight Llama checkpoint with a trained BPE tokenizer.",
+    )
+    p.add_argument("dir", type=Path, help="output directory")
+    p.add_argument("--size", choices=MODEL_SIZES, default="tiny")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--force", action="store_true", help="rewrite even when DIR already holds this recipe"
+    )
+    args = p.parse_args(argv)
+    from infertune.engine.make_model import ensure_model, write_model
+
+    path = (
+        write_model(args.dir, args.size, seed=args.seed)
+        if args.force
+        else ensure_model(args.size, args.dir, seed=args.seed)
+    )
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m infertune.engine.cli serve ...`
+    commands = {"serve": serve_main, "make-model": make_model_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in commands:
+        print("usage: python -m infertune.engine.cli {serve,make-model} ...", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(commands[sys.argv[1]](sys.argv[2:]))

@@ -1,0 +1,334 @@
+"""The engine loop: a background thread runs scheduler steps and feeds per-request asyncio queues.
+
+The model runs on one thread (torch releases the GIL inside its kernels, so the asyncio server
+keeps serving meanwhile). Requests arrive from the event loop through a locked inbox; each step's
+new tokens go back to the loop with one ``call_soon_threadsafe`` per step, not one per token.
+Timestamps are taken on the engine thread when a token exists, so the latency metrics do not
+include the event loop's own queueing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from infertune.engine.block_manager import BlockManager
+from infertune.engine.scheduler import (
+    FinishReason,
+    RequestRejectedError,
+    ScheduledStep,
+    Scheduler,
+    Sequence,
+)
+from infertune.engine.step import SamplingParams, StepInput
+
+__all__ = [
+    "Engine",
+    "EngineOverloadedError",
+    "RequestRejectedError",
+    "Runner",
+    "SamplingParams",
+    "TokenEvent",
+]
+
+log = logging.getLogger(__name__)
+
+
+class Runner(Protocol):
+    """What the engine needs of :class:`infertune.engine.runner.ModelRunner`."""
+
+    num_kv_blocks: int
+    block_size: int
+
+    def execute(self, batch: list[StepInput]) -> list[int | None]: ...
+
+
+class EngineOverloadedError(RuntimeError):
+    """The waiting queue is full; the server answers 503 with Retry-After."""
+
+
+@dataclass
+class TokenEvent:
+    """New tokens for one request (usually one), stamped on the engine thread."""
+
+    token_ids: list[int]
+    time: float
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    queue_time: float | None = None  # on the request's first event: arrival to first scheduling
+
+
+@dataclass(eq=False)
+class _Request:
+    seq: Sequence
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[TokenEvent]
+    arrival: float
+    scheduled_at: float | None = None  # first time the scheduler ran any of its tokens
+    reported_queue_time: bool = False
+
+
+@dataclass
+class EngineStats:
+    """Gauges read by the metrics endpoint; written by the engine thread only."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+    num_preemptions: int = 0
+    num_steps: int = 0
+
+
+class Engine:
+    def __init__(
+        self,
+        runner: Runner,
+        *,
+        max_num_seqs: int = 32,
+        max_num_batched_tokens: int = 512,
+        max_model_len: int,
+        eos_token_ids: tuple[int, ...] = (),
+        max_waiting: int = 512,
+    ) -> None:
+        if max_waiting < 1:
+            raise ValueError(f"max_waiting={max_waiting} must be a positive integer")
+        self.runner = runner
+        self.block_manager = BlockManager(runner.num_kv_blocks, runner.block_size)
+        self.scheduler = Scheduler(
+            self.block_manager,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+        )
+        self.max_model_len = max_model_len
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.max_waiting = max_waiting
+        self.stats = EngineStats()
+        self._ids = itertools.count()
+        self._requests: dict[int, _Request] = {}  # engine thread only
+        self._inbox: list[_Request] = []
+        self._aborts: list[int] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="infertune-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def warmup(self) -> None:
+        """One prefill and one decode step before serving, so no request pays one-time setup.
+
+        Call before :meth:`start`; the blocks it writes are overwritten before any request
+        reads them (a position's KV is always written before it is attended to).
+        """
+        if self._thread is not None:
+            raise RuntimeError("warmup() must run before start()")
+        capacity = self.block_manager.num_blocks * self.block_manager.block_size
+        n = min(8, self.max_model_len - 1, capacity - 1)
+        if n < 1:
+            return
+        table = list(range(self.block_manager.blocks_for(n + 1)))
+        greedy = SamplingParams(temperature=0.0)
+        self.runner.execute([StepInput(-1, [0] * n, 0, table, True, greedy)])
+        self.runner.execute([StepInput(-1, [0], n, table, True, greedy)])
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- the asyncio side ---------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        ignore_eos: bool = False,
+    ) -> tuple[int, asyncio.Queue[TokenEvent]]:
+        """Queue a request from the running event loop; its id and its token-event queue.
+
+        Raises :class:`RequestRejectedError` for requests that can never fit and
+        :class:`EngineOverloadedError` when ``max_waiting`` requests are already queued.
+        """
+        seq = Sequence(
+            seq_id=next(self._ids),
+            prompt_ids=list(prompt_ids),
+            max_tokens=max_tokens,
+            sampling=sampling or SamplingParams(),
+            eos_token_ids=self.eos_token_ids,
+            ignore_eos=ignore_eos,
+        )
+        self.scheduler.validate(seq)
+        req = _Request(seq, asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter())
+        with self._cond:
+            if self.stats.num_waiting + len(self._inbox) >= self.max_waiting:
+                raise EngineOverloadedError(
+                    f"{self.max_waiting} requests are already waiting (--max-waiting); "
+                    "retry shortly"
+                )
+            self._inbox.append(req)
+            self._cond.notify()
+        return seq.seq_id, req.queue
+
+    def abort(self, seq_id: int) -> None:
+        """Cancel a request (client went away); safe to call for finished ones."""
+        with self._cond:
+            self._aborts.append(seq_id)
+            self._cond.notify()
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        ignore_eos: bool = False,
+    ) -> AsyncIterator[TokenEvent]:
+        """Token events for one request until it finishes; aborts it if the caller stops early."""
+        seq_id, queue = self.add_request(
+            prompt_ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos
+        )
+        finished = False
+        try:
+            while not finished:
+                event = await queue.get()
+                finished = event.finished
+                yield event
+        finally:
+            if not finished:
+                self.abort(seq_id)
+
+    # ---- the engine thread --------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (
+                    self._stopping or self._inbox or self._aborts or self.scheduler.has_work
+                ):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                inbox, self._inbox = self._inbox, []
+                aborts, self._aborts = self._aborts, []
+            try:
+                self._step(inbox, aborts)
+            except Exception:  # a bug here must not leave every client hanging forever
+                log.exception("engine loop failed; aborting all requests")
+                self._fail_all("internal engine error")
+        self._fail_all("the engine stopped")
+
+    def _step(self, inbox: list[_Request], aborts: list[int]) -> None:
+        sched = self.scheduler
+        for req in inbox:
+            self._requests[req.seq.seq_id] = req
+            sched.add(req.seq)
+        for seq_id in aborts:
+            seq = sched.abort(seq_id)
+            if seq is not None:
+                self._deliver([(self._requests.pop(seq_id), self._final(seq, []))])
+        step = sched.schedule()
+        if step.inputs:
+            self._run(step)
+        self._update_stats()
+        if not step.inputs and sched.has_work and not inbox and not aborts:
+            time.sleep(0.001)  # nothing fits yet; should not happen, but never spin hot
+
+    def _run(self, step: ScheduledStep) -> None:
+        now = time.perf_counter()
+        for seq in step.seqs:
+            req = self._requests[seq.seq_id]
+            if req.scheduled_at is None:
+                req.scheduled_at = now
+        try:
+            tokens = self.runner.execute(step.inputs)
+            emitted = self.scheduler.update(step, tokens)
+        except Exception as exc:  # never let one bad batch kill the server
+            log.exception("engine step failed; aborting its %d requests", len(step.seqs))
+            failed = self.scheduler.fail(step)
+            self._deliver(
+                [(self._requests.pop(s.seq_id), self._final(s, [], f"{exc}")) for s in failed]
+            )
+            return
+        now = time.perf_counter()
+        events: list[tuple[_Request, TokenEvent]] = []
+        for seq in emitted:
+            tok = [seq.output_ids[-1]]
+            if seq.finish_reason is None:
+                events.append((self._requests[seq.seq_id], TokenEvent(tok, now)))
+            else:
+                events.append((self._requests.pop(seq.seq_id), self._final(seq, tok, time=now)))
+        for req, event in events:
+            if not req.reported_queue_time and req.scheduled_at is not None:
+                event.queue_time = req.scheduled_at - req.arrival
+                req.reported_queue_time = True
+        self._deliver(events)
+        self.stats.num_steps += 1
+
+    @staticmethod
+    def _final(
+        seq: Sequence, tokens: list[int], error: str | None = None, *, time: float | None = None
+    ) -> TokenEvent:
+        reason = seq.finish_reason or FinishReason.ABORT
+        return TokenEvent(
+            tokens,
+            time if time is not None else _now(),
+            finished=True,
+            finish_reason=reason.value,
+            error=error,
+        )
+
+    def _deliver(self, events: list[tuple[_Request, TokenEvent]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, TokenEvent]]] = {}
+        for req, event in events:
+            by_loop.setdefault(req.loop, []).append((req, event))
+        for loop, batch in by_loop.items():
+            # A closed loop means nobody is listening any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_put_all, batch)
+
+    def _update_stats(self) -> None:
+        self.stats.num_running = len(self.scheduler.running)
+        self.stats.num_waiting = len(self.scheduler.waiting)
+        self.stats.kv_usage = self.block_manager.usage
+        self.stats.num_preemptions = self.scheduler.num_preemptions
+
+    def _fail_all(self, message: str) -> None:
+        events = []
+        for seq_id, req in list(self._requests.items()):
+            self.scheduler.abort(seq_id)
+            events.append((req, TokenEvent([], _now(), True, FinishReason.ABORT.value, message)))
+        self._requests.clear()
+        with self._cond:
+            for req in self._inbox:
+                events.append(
+                    (req, TokenEvent([], _now(), True, FinishReason.ABORT.value, message))
+                )
+            self._inbox.clear()
+        self._deliver(events)
+
+
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _put_all(batch: list[tuple[_Request, TokenEvent]]) -> None:
+    for req, event in batch:
+        req.queue.put_nowait(event)

@@ -1,0 +1,292 @@
+"""The OpenAI-compatible HTTP server (aiohttp) in front of :class:`~infertune.engine.engine.Engine`.
+
+Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed as server-sent
+events or not), ``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus text, vLLM's
+metric names). A full waiting queue is answered with 503 and ``Retry-After`` instead of queueing
+without bound; requests that can never fit are answered with 400.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from tokenizers import Tokenizer
+
+from infertune.engine.engine import Engine, EngineOverloadedError, TokenEvent
+from infertune.engine.metrics import CONTENT_TYPE, EngineMetrics
+from infertune.engine.protocol import (
+    BadRequestError,
+    GenerationRequest,
+    IncrementalDetokenizer,
+    parse_request,
+)
+from infertune.engine.scheduler import RequestRejectedError
+
+__all__ = ["EngineServer", "start_server"]
+
+RETRY_AFTER_S = 1
+
+
+def _error(status: int, message: str, kind: str, param: str | None = None) -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": param, "code": status}}
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 503 else None
+    return web.json_response(body, status=status, headers=headers)
+
+
+@dataclass
+class _Stream:
+    """One request's progress as the HTTP side sees it."""
+
+    request: GenerationRequest
+    seq_id: int
+    queue: asyncio.Queue[TokenEvent]
+    arrival: float
+    detok: IncrementalDetokenizer
+    text: str = ""
+    token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    done: bool = False
+    queue_time: float | None = None
+
+    def take(self, event: TokenEvent) -> str:
+        """Apply one engine event; the new text it contributes (stop strings honoured)."""
+        if event.queue_time is not None:
+            self.queue_time = event.queue_time
+        self.token_times.extend([event.time] * len(event.token_ids))
+        delta = self.detok.add(event.token_ids) if event.token_ids else ""
+        if event.finished:
+            delta += self.detok.flush()
+            self.done = True
+            self.finish_reason = event.finish_reason
+            self.error = event.error
+        for stop in self.request.stop:
+            text = self.text + delta
+            at = text.find(stop, max(0, len(self.text) - len(stop) + 1))
+            if at >= 0:
+                delta = text[len(self.text) : at] if at >= len(self.text) else ""
+                self.done = True
+                self.finish_reason = "stop"
+                break
+        self.text += delta
+        return delta
+
+    def usage(self) -> dict[str, int]:
+        n_prompt, n_out = len(self.request.prompt_ids), len(self.token_times)
+        return {
+            "prompt_tokens": n_prompt,
+            "completion_tokens": n_out,
+            "total_tokens": n_prompt + n_out,
+        }
+
+
+class EngineServer:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        *,
+        model_name: str,
+        model_dir: Path | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.model_dir = model_dir
+        self.metrics = EngineMetrics(model_name, engine.stats)
+        self.created = int(time.time())
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.chat_completions)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/metrics", self.metrics_handler)
+        return app
+
+    # ---- simple routes ------------------------------------------------------------------------
+    async def health(self, _: web.Request) -> web.Response:
+        if not self.engine.is_alive():
+            return _error(503, "the engine loop is not running", "service_unavailable")
+        return web.Response(text="ok")
+
+    async def models(self, _: web.Request) -> web.Response:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "infertune",
+            "root": str(self.model_dir) if self.model_dir else self.model_name,
+            "max_model_len": self.engine.max_model_len,
+        }
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def metrics_handler(self, _: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+
+    # ---- generation ---------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        arrival = time.perf_counter()
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "the request body is not valid JSON", "invalid_request_error")
+        try:
+            req = parse_request(body, self.tokenizer, chat=chat)
+        except BadRequestError as exc:
+            return _error(400, str(exc), "invalid_request_error", exc.param)
+        if req.model is not None and req.model not in (self.model_name, str(self.model_dir)):
+            return _error(404, f"The model `{req.model}` does not exist.", "NotFoundError", "model")
+        max_tokens = req.max_tokens
+        if max_tokens is None:  # chat without a limit: fill the context
+            max_tokens = max(1, self.engine.max_model_len - len(req.prompt_ids))
+        try:
+            seq_id, queue = self.engine.add_request(
+                req.prompt_ids,
+                max_tokens=max_tokens,
+                sampling=req.sampling,
+                ignore_eos=req.ignore_eos,
+            )
+        except RequestRejectedError as exc:
+            return _error(400, str(exc), "invalid_request_error", "max_tokens")
+        except EngineOverloadedError as exc:
+            self.metrics.rejected.inc()
+            return _error(503, str(exc), "service_unavailable")
+        self.metrics.prompt_tokens.inc(len(req.prompt_ids))
+        stream = _Stream(req, seq_id, queue, arrival, IncrementalDetokenizer(self.tokenizer))
+        try:
+            if req.stream:
+                return await self._stream(request, stream, chat)
+            while not stream.done:
+                self._record(stream, await queue.get())
+            if stream.error is not None:
+                return _error(500, f"generation failed: {stream.error}", "internal_error")
+            return web.json_response(self._full_body(stream, chat))
+        finally:
+            if not stream.done or stream.finish_reason == "stop":
+                # The client left, or a stop string ended it early: free the sequence now.
+                self.engine.abort(seq_id)
+
+    def _record(self, stream: _Stream, event: TokenEvent) -> str:
+        previous = stream.token_times[-1] if stream.token_times else None
+        delta = stream.take(event)
+        new_times = stream.token_times[len(stream.token_times) - len(event.token_ids) :]
+        if event.token_ids:
+            self.metrics.observe_tokens(stream.arrival, previous, new_times)
+        if stream.done:
+            self.metrics.observe_finished(
+                reason=stream.finish_reason or "abort",
+                prompt_tokens=len(stream.request.prompt_ids),
+                token_times=stream.token_times,
+                arrival=stream.arrival,
+                end=time.perf_counter(),
+                queue_time=stream.queue_time,
+            )
+        return delta
+
+    async def _stream(
+        self, request: web.Request, stream: _Stream, chat: bool
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        first = True
+        while not stream.done:
+            events = [await stream.queue.get()]
+            while not stream.queue.empty():  # a slow reader gets the backlog in one write
+                events.append(stream.queue.get_nowait())
+            out = bytearray()
+            for event in events:  # the engine sends one token per event (none when aborted)
+                if stream.done:
+                    break
+                delta = self._record(stream, event)
+                finish = stream.finish_reason if stream.done else None
+                chunk = self._chunk(rid, chat, delta, finish, first, stream)
+                out += b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                first = False
+            if stream.done:
+                if stream.error is not None:
+                    err = {"error": {"message": f"generation failed: {stream.error}", "code": 500}}
+                    out += b"data: " + json.dumps(err).encode() + b"\n\n"
+                if stream.request.include_usage:
+                    usage = self._envelope(rid, chat, [])
+                    usage["usage"] = stream.usage()
+                    out += b"data: " + json.dumps(usage).encode() + b"\n\n"
+                out += b"data: [DONE]\n\n"
+            await resp.write(bytes(out))
+        await resp.write_eof()
+        return resp
+
+    def _envelope(self, rid: str, chat: bool, choices: list[Any]) -> dict[str, Any]:
+        return {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+        }
+
+    def _chunk(
+        self, rid: str, chat: bool, text: str, finish: str | None, first: bool, stream: _Stream
+    ) -> dict[str, Any]:
+        if chat:
+            delta: dict[str, Any] = {"content": text}
+            if first:
+                delta["role"] = "assistant"
+            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        body = self._envelope(rid, chat, [choice])
+        if stream.request.include_usage:
+            body["usage"] = None
+        return body
+
+    def _full_body(self, stream: _Stream, chat: bool) -> dict[str, Any]:
+        if chat:
+            message = {"role": "assistant", "content": stream.text}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "message": message,
+                "finish_reason": stream.finish_reason,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": stream.text,
+                "logprobs": None,
+                "finish_reason": stream.finish_reason,
+            }
+        return {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
+            "object": "chat.completion" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": [choice],
+            "usage": stream.usage(),
+        }
+
+
+async def start_server(server: EngineServer, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Serve ``server`` on ``host:port`` (port 0 picks a free one); the runner and the port."""
+    runner = web.AppRunner(server.app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    addresses = runner.addresses
+    return runner, int(addresses[0][1]) if addresses else port

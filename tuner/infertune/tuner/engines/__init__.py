@@ -1,0 +1,46 @@
+"""Engine adapters: one small interface (command line, env, health URL, metrics, capabilities)."""
+
+from __future__ import annotations
+
+from infertune.tuner.engines.base import (
+    AdapterError,
+    Capabilities,
+    EngineAdapter,
+    Launch,
+    default_served_name,
+)
+from infertune.tuner.engines.builtin import BuiltinAdapter
+from infertune.tuner.engines.llamacpp import LlamaCppAdapter
+from infertune.tuner.engines.sglang import SglangAdapter
+from infertune.tuner.engines.vllm import VllmAdapter
+
+__all__ = [
+    "ADAPTERS",
+    "AdapterError",
+    "BuiltinAdapter",
+    "Capabilities",
+    "EngineAdapter",
+    "Launch",
+    "LlamaCppAdapter",
+    "SglangAdapter",
+    "VllmAdapter",
+    "default_served_name",
+    "get_adapter",
+]
+
+ADAPTERS: dict[str, type[EngineAdapter]] = {
+    "builtin": BuiltinAdapter,
+    "vllm": VllmAdapter,
+    "llamacpp": LlamaCppAdapter,
+    "sglang": SglangAdapter,
+}
+
+
+def get_adapter(name: str) -> EngineAdapter:
+    """The adapter for engine `name` (builtin, vllm, llamacpp, sglang)."""
+    try:
+        return ADAPTERS[name]()
+    except KeyError:
+        raise AdapterError(
+            f"engine {name!r} has no adapter; allowed values: {sorted(ADAPTERS)}"
+        ) from None

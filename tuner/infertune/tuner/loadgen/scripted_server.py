@@ -1,0 +1,290 @@
+"""An OpenAI-compatible streaming server whose tokens leave at scripted times: the ground truth.
+
+Request i (in arrival order) gets its first token `ttft[i % len(ttft)]` ms after the server read it
+and each further token `itl[i % len(itl)]` ms after the previous one, scheduled on absolute times so
+that delays do not accumulate. With zero delays it is the zero-latency server of the generator's
+own benchmark. The `model` field selects a fault instead of tokens:
+
+- `fail-500`, `fail-503`: that HTTP status with a JSON error body;
+- `malformed`: one token, then a stream chunk that is not JSON;
+- `disconnect`: two tokens, then the connection is dropped mid-stream;
+- `error-event`: one token, then an OpenAI-style `{"error": ...}` event.
+
+Run it as `python -m infertune.tuner.loadgen.scripted_server --port 0 --ttft-ms 20,40 --itl-ms 5`;
+it prints `PORT <n>` once listening. Only for loopback testing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, cast
+
+_CRLF = b"\r\n"
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}".encode() + _CRLF + data + _CRLF
+
+
+def _event(choice: dict[str, Any]) -> bytes:
+    return _chunk(b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n")
+
+
+# Every token is the same few bytes, built once: the server must keep to its script at 100 streams.
+_TOKEN = _event({"index": 0, "text": " t", "finish_reason": None})
+_LAST = _event({"index": 0, "text": " t", "finish_reason": "length"})
+_CHAT_TOKEN = _event({"index": 0, "delta": {"content": " t"}, "finish_reason": None})
+_CHAT_LAST = _event({"index": 0, "delta": {"content": " t"}, "finish_reason": "length"})
+
+
+class ScriptedServer:
+    def __init__(
+        self, ttft_ms: list[float], itl_ms: list[float], tokenizer: Any | None = None
+    ) -> None:
+        self.ttft = [t / 1e3 for t in ttft_ms] or [0.0]
+        self.itl = [t / 1e3 for t in itl_ms] or [0.0]
+        self.tokenizer = tokenizer
+        self.count = 0
+        # Ground truth as it happened: (request read, [token write times]) on perf_counter's clock,
+        # which is CLOCK_MONOTONIC and so shared with the client process.
+        self.log: list[tuple[float, list[float]]] = []
+
+    def prompt_tokens(self, body: dict[str, Any]) -> int:
+        text = body.get("prompt")
+        if text is None:
+            text = " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+        if isinstance(text, list):
+            return len(text)
+        if self.tokenizer is not None:
+            return len(self.tokenizer.encode(str(text), add_special_tokens=True).ids)
+        return len(str(text).split())
+
+
+class _Handler(asyncio.Protocol):
+    def __init__(self, server: ScriptedServer) -> None:
+        self.server = server
+        self.buf = b""
+        self.transport: asyncio.Transport | None = None
+        self.busy = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses, only alike.
+        self.transport = cast(asyncio.Transport, transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        self._next()
+
+    def _next(self) -> None:
+        if self.busy:
+            return
+        cut = self.buf.find(b"\r\n\r\n")
+        if cut < 0:
+            return
+        head = self.buf[:cut].decode("latin-1")
+        length = 0
+        for line in head.split("\r\n")[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value.strip())
+        if len(self.buf) < cut + 4 + length:
+            return
+        body = self.buf[cut + 4 : cut + 4 + length]
+        self.buf = self.buf[cut + 4 + length :]
+        method, path = [*head.split(" ", 2), "", ""][:2]
+        self._route(method, path, body)
+
+    def _send(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _plain(self, status: str, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        self._send(
+            f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n".encode()
+            + data
+        )
+
+    def _route(self, method: str, path: str, raw: bytes) -> None:
+        if method == "GET" and path == "/scripted/log":
+            self._plain("200 OK", {"log": self.server.log})
+            self._next()
+            return
+        if method == "GET" and path.endswith("/v1/models"):
+            self._plain("200 OK", {"object": "list", "data": [{"id": "scripted"}]})
+            self._next()
+            return
+        if method != "POST" or not path.endswith(("/v1/completions", "/v1/chat/completions")):
+            self._plain("404 Not Found", {"error": {"message": f"no route {method} {path}"}})
+            self._next()
+            return
+        body = json.loads(raw)
+        model = str(body.get("model", ""))
+        if model in ("fail-500", "fail-503"):
+            status = (
+                "500 Internal Server Error" if model == "fail-500" else "503 Service Unavailable"
+            )
+            self._plain(status, {"error": {"message": "scripted failure", "code": model[-3:]}})
+            self._next()
+            return
+        self.busy = True
+        self._stream(body, model, chat=path.endswith("/chat/completions"))
+
+    def _stream(self, body: dict[str, Any], model: str, *, chat: bool) -> None:
+        srv = self.server
+        i = srv.count
+        srv.count += 1
+        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
+        prompt = srv.prompt_tokens(body)
+        self._send(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n"
+        )
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        emits: list[float] = []
+        srv.log.append((time.perf_counter(), emits))
+        ttft, itl = srv.ttft[i % len(srv.ttft)], srv.itl[i % len(srv.itl)]
+        stop_after = {"malformed": 1, "error-event": 1, "disconnect": 2}.get(model)
+        for k in range(n):
+            if stop_after is not None and k == stop_after:
+                loop.call_at(start + ttft + k * itl, self._fault, model)
+                return
+            last = k == n - 1
+            loop.call_at(start + ttft + k * itl, self._token, emits, last, chat, prompt, n)
+
+    def _token(self, emits: list[float], last: bool, chat: bool, prompt: int, n: int) -> None:
+        out = (_CHAT_LAST if last else _CHAT_TOKEN) if chat else (_LAST if last else _TOKEN)
+        if last:
+            usage = {"prompt_tokens": prompt, "completion_tokens": n, "total_tokens": prompt + n}
+            out += _chunk(
+                b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n"
+            )
+            out += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+        emits.append(time.perf_counter())
+        self._send(out)
+        if last:
+            self.busy = False
+            self._next()
+
+    def _fault(self, model: str) -> None:
+        if model == "disconnect":
+            if self.transport is not None:
+                self.transport.abort()
+            return
+        if model == "malformed":
+            event = b'data: {"choices": [{"text": "broken\n\n'
+        else:
+            event = b'data: {"error": {"message": "scripted engine failure", "code": 500}}\n\n'
+        self._send(_chunk(event) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        self.busy = False
+        self._next()
+
+
+async def serve(
+    server: ScriptedServer, host: str = "127.0.0.1", port: int = 0
+) -> asyncio.AbstractServer:
+    loop = asyncio.get_running_loop()
+    return await loop.create_server(lambda: _Handler(server), host, port, backlog=4096)
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--ttft-ms", default="0", help="comma-separated, cycled per request")
+    parser.add_argument("--itl-ms", default="0", help="comma-separated, cycled per request")
+    parser.add_argument("--tokenizer", type=Path, default=None, help="dir with tokenizer.json")
+    parser.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU")
+    parser.add_argument("--uvloop", action="store_true")
+    parser.add_argument(
+        "--boost", action="store_true", help="raise scheduling priority (root) to keep the script"
+    )
+    args = parser.parse_args(argv)
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    if args.boost:
+        # Ground truth must not be late because a compiler runs beside it; best effort only.
+        with contextlib.suppress(OSError):
+            os.nice(-10)
+    tokenizer = None
+    if args.tokenizer is not None:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
+    scripted = ScriptedServer(_floats(args.ttft_ms), _floats(args.itl_ms), tokenizer)
+
+    async def run() -> None:
+        srv = await serve(scripted, port=args.port)
+        port = srv.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        print(f"PORT {port}", flush=True)
+        # Exit when the parent closes our stdin: no orphaned servers after a crashed test.
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, sys.stdin.read)
+        srv.close()
+
+    if args.uvloop:
+        import uvloop
+
+        uvloop.run(run())
+    else:
+        asyncio.run(run())
+    return 0
+
+
+def start_process(
+    ttft_ms: list[float],
+    itl_ms: list[float],
+    *,
+    tokenizer_dir: Path | None = None,
+    cpu: int | None = None,
+    use_uvloop: bool = False,
+    boost: bool = False,
+) -> tuple[Any, int]:
+    """Start the server in a child process; returns (Popen, port). Close its stdin to stop it."""
+    import subprocess
+
+    cmd = [
+        sys.executable,
+        "-m",
+        "infertune.tuner.loadgen.scripted_server",
+        "--ttft-ms",
+        ",".join(str(t) for t in ttft_ms),
+        "--itl-ms",
+        ",".join(str(t) for t in itl_ms),
+    ]
+    if tokenizer_dir is not None:
+        cmd += ["--tokenizer", str(tokenizer_dir)]
+    if cpu is not None:
+        cmd += ["--cpu", str(cpu)]
+    if use_uvloop:
+        cmd.append("--uvloop")
+    if boost:
+        cmd.append("--boost")
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 30
+    line = proc.stdout.readline()
+    if not line.startswith("PORT ") or time.monotonic() > deadline:
+        proc.kill()
+        raise RuntimeError(f"scripted server did not start (said {line!r})")
+    return proc, int(line.split()[1])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

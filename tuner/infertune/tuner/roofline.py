@@ -1,0 +1,222 @@
+"""The roofline model, torch-free: floors per phase and precision, pruning rules, seed ranking.
+
+A phase's floor is the larger of its compute time (FLOPs / peak FLOP/s in the compute dtype) and its
+memory time (bytes moved / bandwidth). Measured time far above both floors, with most of it in
+per-operator overhead, is launch-bound. The same maths prunes precisions that cannot meet the SLO
+even at batch 1, and ranks configurations for the study's first (enqueued) trials.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from infertune.engine.config import (
+    LlamaConfig,
+    flops_per_token,
+    kv_bytes_per_token,
+    weight_bytes,
+)
+
+# Launch-bound when the per-operator overhead alone accounts for at least this share of the time.
+LAUNCH_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class Ceilings:
+    """The two measured ceilings of the device (and its per-operator dispatch cost)."""
+
+    device: str
+    hardware: str
+    fingerprint: str
+    memory_bandwidth_gbps: float  # GB/s, bytes read + written by a large copy
+    peak_flops: dict[str, float]  # compute dtype -> FLOP/s of a large matmul
+    launch_overhead_us: float  # one tiny operator, end to end
+    measured_at: str = ""
+
+    @property
+    def peak_tflops(self) -> float:
+        return max(self.peak_flops.values()) / 1e12
+
+    def flops_for(self, dtype: str) -> float:
+        return self.peak_flops.get(dtype) or max(self.peak_flops.values())
+
+    def ridge_point(self, dtype: str) -> float:
+        """FLOPs per byte above which a kernel is compute-bound."""
+        return self.flops_for(dtype) / (self.memory_bandwidth_gbps * 1e9)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> Ceilings:
+        return cls(
+            device=str(raw["device"]),
+            hardware=str(raw["hardware"]),
+            fingerprint=str(raw["fingerprint"]),
+            memory_bandwidth_gbps=float(raw["memory_bandwidth_gbps"]),
+            peak_flops={str(k): float(v) for k, v in raw["peak_flops"].items()},
+            launch_overhead_us=float(raw["launch_overhead_us"]),
+            measured_at=str(raw.get("measured_at", "")),
+        )
+
+
+def compute_dtype(quantization: str, device: str) -> str:
+    """The dtype the matmuls run in (weight-only quantizations dequantize to the activation dtype).
+
+    Mirrors the built-in engine's `quant.activation_dtype`: fp32 activations for int8/int4/fp8 on
+    CPU, bf16 on GPU.
+    """
+    if quantization in ("fp32", "bf16", "fp16"):
+        return quantization
+    return "bf16" if device.startswith("cuda") else "fp32"
+
+
+def kv_dtype(quantization: str, device: str) -> str:
+    return compute_dtype(quantization, device)
+
+
+@dataclass(frozen=True)
+class PhaseFloor:
+    flops: float
+    bytes: float
+    compute_ms: float
+    memory_ms: float
+
+    @property
+    def floor_ms(self) -> float:
+        return max(self.compute_ms, self.memory_ms)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_ms >= self.memory_ms else "memory"
+
+
+def prefill_floor(
+    cfg: LlamaConfig, ceilings: Ceilings, quantization: str, prompt_tokens: int
+) -> PhaseFloor:
+    """One prompt of `prompt_tokens` in one step: every weight read once, FLOPs for every token."""
+    dtype = compute_dtype(quantization, ceilings.device)
+    flops = float(sum(flops_per_token(cfg, i) for i in range(0, prompt_tokens, 1)))
+    kv = kv_bytes_per_token(cfg, kv_dtype(quantization, ceilings.device)) * prompt_tokens
+    moved = float(weight_bytes(cfg, quantization) + kv)
+    return _floor(flops, moved, ceilings, dtype)
+
+
+def decode_floor(
+    cfg: LlamaConfig, ceilings: Ceilings, quantization: str, batch: int, context: int
+) -> PhaseFloor:
+    """One decode step of `batch` sequences, each attending over `context` cached tokens."""
+    dtype = compute_dtype(quantization, ceilings.device)
+    flops = float(batch * flops_per_token(cfg, context))
+    kv = kv_bytes_per_token(cfg, kv_dtype(quantization, ceilings.device)) * batch * context
+    moved = float(weight_bytes(cfg, quantization) + kv)
+    return _floor(flops, moved, ceilings, dtype)
+
+
+def _floor(flops: float, moved: float, ceilings: Ceilings, dtype: str) -> PhaseFloor:
+    return PhaseFloor(
+        flops=flops,
+        bytes=moved,
+        compute_ms=flops / ceilings.flops_for(dtype) * 1e3,
+        memory_ms=moved / (ceilings.memory_bandwidth_gbps * 1e9) * 1e3,
+    )
+
+
+def classify(
+    measured_ms: float, floor: PhaseFloor, launch_ms: float | None
+) -> tuple[str, float | None]:
+    """(compute|memory|launch, percent of the roofline reached) for one measured phase."""
+    if measured_ms <= 0 or not math.isfinite(measured_ms):
+        return "unknown", None
+    percent = min(100.0, 100.0 * floor.floor_ms / measured_ms)
+    if launch_ms is not None and launch_ms >= LAUNCH_SHARE * measured_ms:
+        return "launch", percent
+    return floor.bound, percent
+
+
+@dataclass
+class StepModel:
+    """Measured step time as a line in the batch's token count: t(n) = fixed + per_token * n (ms).
+
+    Fitted per precision from the profiler's prefill and decode measurements; it folds in every
+    overhead the roofline floor leaves out (Python, dispatch, attention over the context).
+    """
+
+    fixed_ms: float
+    per_token_ms: float
+
+    def step_ms(self, tokens: int) -> float:
+        return self.fixed_ms + self.per_token_ms * tokens
+
+
+@dataclass
+class Prediction:
+    ttft_ms: float
+    itl_ms: float
+    e2e_ms: float
+    goodput_rps: float
+    stable: bool
+    notes: list[str] = field(default_factory=list)
+
+
+def predict(
+    step: StepModel,
+    *,
+    rate: float | None,
+    concurrency: int | None,
+    prompt_tokens: float,
+    output_tokens: float,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+) -> Prediction:
+    """Steady-state latency and goodput of continuous batching, from the step-time line.
+
+    A request costs ceil(P / chunk) prefill steps and O decode steps. With b sequences running,
+    a decode step takes t(b) (plus, on average, the prefill tokens admitted alongside it). Little's
+    law gives b = arrival rate x e2e; the fixed point is found by iteration. Crude, but it ranks the
+    knobs in the right order, which is all the seeding needs.
+    """
+    chunk = max(1, min(max_num_batched_tokens, int(math.ceil(prompt_tokens))))
+    prefill_steps = math.ceil(prompt_tokens / chunk)
+    if rate is None:  # closed loop: the running batch is the concurrency, capped by the engine
+        b = float(min(max_num_seqs, concurrency or 1))
+        for _ in range(50):
+            itl = step.step_ms(int(math.ceil(b))) + step.per_token_ms * prompt_tokens * b / max(
+                output_tokens, 1
+            )
+            ttft = prefill_steps * step.step_ms(chunk + int(b))
+            e2e = ttft + itl * max(output_tokens - 1, 0)
+            waiting = max(0.0, (concurrency or 1) - max_num_seqs)
+            ttft += waiting / max(b, 1) * e2e
+            e2e = ttft + itl * max(output_tokens - 1, 0)
+        throughput = (concurrency or 1) / (e2e / 1e3) if e2e > 0 else 0.0
+        return Prediction(ttft, itl, e2e, throughput, True)
+    b = 1.0
+    stable = True
+    ttft = itl = e2e = 0.0
+    for _ in range(100):
+        running = min(b, float(max_num_seqs))
+        # Prefill tokens per step spread over the decode steps of the running requests.
+        prefill_share = rate * prompt_tokens * step.step_ms(int(math.ceil(running))) / 1e3
+        itl = step.step_ms(int(math.ceil(running))) + step.per_token_ms * min(
+            prefill_share, max_num_batched_tokens
+        )
+        ttft = prefill_steps * step.step_ms(chunk + int(running))
+        e2e = ttft + itl * max(output_tokens - 1, 0)
+        service_rate = max_num_seqs / (e2e / 1e3) if e2e > 0 else float("inf")
+        if rate >= service_rate:  # more arrivals than the batch limit can retire: queue grows
+            stable = False
+            break
+        new_b = rate * e2e / 1e3
+        if abs(new_b - b) < 1e-3:
+            break
+        b = 0.5 * b + 0.5 * new_b
+    if not stable:
+        return Prediction(ttft, itl, e2e, 0.0, False, ["queue grows: batch limit too small"])
+    # Queueing delay at the admission limit (M/M/c-like wait folded into TTFT).
+    utilisation = min(0.999, b / max_num_seqs)
+    ttft += e2e * utilisation**max_num_seqs / (1 - utilisation) / max_num_seqs
+    e2e = ttft + itl * max(output_tokens - 1, 0)
+    return Prediction(ttft, itl, e2e, rate, True)
