@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,15 @@ CRD = ROOT / "crds" / "inferenceservices.infertune.dev.yaml"
 MIB = 1024 * 1024
 
 
-def _one_start() -> tuple[dict[str, float], dict[str, int], float]:
+@dataclass
+class StartRun:
+    timings: dict[str, float]
+    rss: dict[str, int]
+    pod_s: float
+    stop_s: float
+
+
+def _one_start() -> StartRun:
     cluster = devcluster.Cluster()
     t0 = time.monotonic()
     try:
@@ -37,35 +46,81 @@ def _one_start() -> tuple[dict[str, float], dict[str, int], float]:
         t_all = time.monotonic() - t0
         # Pod round trip: create -> bound -> process ran -> Succeeded reported.
         t_pod = time.monotonic()
-        cluster.kubectl("run", "probe", "--image=local", "--restart=Never", "--command", "--", "true")
-        cluster.kubectl("wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/probe", "--timeout=60s")
+        cluster.kubectl(
+            "run", "probe", "--image=local", "--restart=Never", "--command", "--", "true"
+        )
+        cluster.kubectl(
+            "wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/probe", "--timeout=60s"
+        )
         pod_s = time.monotonic() - t_pod
         time.sleep(2)  # let informers settle before reading memory
         rss = cluster.rss_bytes()
-        timings = {"etcd": cluster.timings["etcd_s"], "apiserver": t_api, "crd": t_crd, "all": t_all}
-        return timings, rss, pod_s
+        timings = {
+            "etcd": cluster.timings["etcd_s"],
+            "apiserver": t_api,
+            "crd": t_crd,
+            "all": t_all,
+        }
     finally:
         t_stop = time.monotonic()
         cluster.stop()
-        timings_stop = time.monotonic() - t_stop
-        _one_start.stop_s = timings_stop  # type: ignore[attr-defined]
+        stop_s = time.monotonic() - t_stop
+    return StartRun(timings, rss, pod_s, stop_s)
 
 
 def run() -> list[dict[str, Any]]:
     devcluster.build()
     runs = [_one_start() for _ in range(2)]
-    best = {k: min(r[0][k] for r in runs) for k in runs[0][0]}
-    rss = runs[-1][1]
+    best = {k: min(r.timings[k] for r in runs) for k in runs[0].timings}
+    rss = runs[-1].rss
     total = sum(rss.values())
     return [
-        {"name": "etcd healthy", "value": best["etcd"], "unit": "s", "note": "best of 2 cold starts"},
-        {"name": "apiserver ready (/readyz)", "value": best["apiserver"], "unit": "s", "note": "incl. certs + etcd"},
-        {"name": "CRD established", "value": best["crd"], "unit": "s", "note": "kubectl apply + wait"},
-        {"name": "full start (KCM synced, nodes)", "value": best["all"], "unit": "s", "note": "what the test fixture waits for"},
-        {"name": "pod create->Succeeded", "value": min(r[2] for r in runs), "unit": "s", "note": "kubectl run ... true"},
-        {"name": "stop", "value": getattr(_one_start, "stop_s", 0.0), "unit": "s", "note": "all processes gone"},
-        *({"name": f"RSS {name}", "value": b / MIB, "unit": "MiB", "note": ""} for name, b in sorted(rss.items())),
-        {"name": "RSS control plane total", "value": total / MIB, "unit": "MiB", "note": "etcd + apiserver + KCM"},
+        {
+            "name": "etcd healthy",
+            "value": best["etcd"],
+            "unit": "s",
+            "note": "best of 2 cold starts",
+        },
+        {
+            "name": "apiserver ready (/readyz)",
+            "value": best["apiserver"],
+            "unit": "s",
+            "note": "incl. certs + etcd",
+        },
+        {
+            "name": "CRD established",
+            "value": best["crd"],
+            "unit": "s",
+            "note": "kubectl apply + wait",
+        },
+        {
+            "name": "full start (KCM synced, nodes)",
+            "value": best["all"],
+            "unit": "s",
+            "note": "what the test fixture waits for",
+        },
+        {
+            "name": "pod create->Succeeded",
+            "value": min(r.pod_s for r in runs),
+            "unit": "s",
+            "note": "kubectl run ... true",
+        },
+        {
+            "name": "stop",
+            "value": min(r.stop_s for r in runs),
+            "unit": "s",
+            "note": "all processes gone, state removed",
+        },
+        *(
+            {"name": f"RSS {name}", "value": b / MIB, "unit": "MiB", "note": ""}
+            for name, b in sorted(rss.items())
+        ),
+        {
+            "name": "RSS control plane total",
+            "value": total / MIB,
+            "unit": "MiB",
+            "note": "etcd + apiserver + KCM",
+        },
     ]
 
 

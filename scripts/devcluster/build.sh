@@ -13,6 +13,13 @@ mkdir -p "$BIN" "$WORK"
 
 log() { printf '[devcluster/build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
+# Two test sessions may start on a fresh machine at once: one builds, the other waits for it.
+exec 9>"$CACHE/build.lock"
+if ! flock -n 9; then
+    log "another build is running; waiting for it"
+    flock 9
+fi
+
 need_k8s=0
 for b in kube-apiserver kube-controller-manager; do [[ -x "$BIN/$b" ]] || need_k8s=1; done
 need_kubectl=0

@@ -16,35 +16,43 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from pki import Credentials, kubeconfig_text, make_credentials
+from procs import (
+    CACHE_BIN,
+    HERE,
+    STATE_PREFIX,
+    STATE_ROOT,
+    build,
+    die_with_parent,
+    free_port,
+    kubectl_path,
+    reap_stale,
+    stop_recorded,
+)
 
-HERE = Path(__file__).resolve().parent
-CACHE_BIN = Path(os.environ.get("INFERTUNE_CACHE", Path.home() / ".cache" / "infertune")) / "bin"
-# tmpfs keeps etcd's fsyncs cheap; every instance takes a private mkdtemp directory inside it.
-SHM = Path("/dev/shm")  # noqa: S108
-STATE_ROOT = SHM if SHM.is_dir() else Path(tempfile.gettempdir())
-STATE_PREFIX = "infertune-devcluster-"
 # The `up` CLI records its detached instance here so that `env` and `down` find it.
-CURRENT_FILE = Path(tempfile.gettempdir()) / "infertune-devcluster-current"
+CURRENT_FILE = Path(
+    os.environ.get("INFERTUNE_DEVCLUSTER_CURRENT")
+    or Path(tempfile.gettempdir()) / "infertune-devcluster-current"
+)
 SERVICE_CIDR = "10.0.0.0/24"
 ADMISSION_PLUGINS = (
     # Those a real cluster enables that make sense without a scheduler or kubelet.
@@ -53,41 +61,6 @@ ADMISSION_PLUGINS = (
     "RuntimeClass,CertificateApproval,CertificateSigning,CertificateSubjectRestriction,"
     "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota"
 )
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """Runs in the child before exec: SIGKILL it when the process that started it dies."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def build(log: Callable[[str], None] = print) -> None:
-    """Run build.sh when a binary is missing (the first build takes ~6 minutes on 2 cores)."""
-    missing = [
-        b
-        for b in ("etcd", "kube-apiserver", "kube-controller-manager")
-        if not (CACHE_BIN / b).exists()
-    ]
-    if not missing and (shutil.which("kubectl") or (CACHE_BIN / "kubectl").exists()):
-        return
-    log(f"devcluster: building {', '.join(missing) or 'kubectl'} (first time only, ~6 min)...")
-    proc = subprocess.run(["bash", str(HERE / "build.sh")], check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f"scripts/devcluster/build.sh failed with exit code {proc.returncode}")
-
-
-def kubectl_path() -> str:
-    for candidate in (CACHE_BIN / "kubectl", shutil.which("kubectl")):
-        if candidate and Path(candidate).exists():
-            return str(candidate)
-    raise FileNotFoundError("kubectl not found on PATH nor in ~/.cache/infertune/bin; run build.sh")
 
 
 class Cluster:
@@ -140,7 +113,10 @@ class Cluster:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=None if self.detached else _die_with_parent,
+            # PDEATHSIG fires when the forking *thread* exits, so only the main thread may use it.
+            preexec_fn=die_with_parent
+            if not self.detached and threading.current_thread() is threading.main_thread()
+            else None,
         )
         self.procs[name] = proc
         self._record_pids()
@@ -423,46 +399,6 @@ class Cluster:
         return out
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _is_pod_process(pid: int) -> bool:
-    try:
-        return b"INFERTUNE_PATH_MAP=" in Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return False
-
-
-def reap_stale() -> None:
-    """Remove state dirs of instances whose owner died, killing what they left running."""
-    for d in STATE_ROOT.glob(f"{STATE_PREFIX}*"):
-        info = d / "pids.json"
-        try:
-            data = json.loads(info.read_text())
-        except (OSError, ValueError):
-            continue
-        if data.get("detached") or _pid_alive(int(data.get("owner", 0))):
-            continue
-        # A pod's process group is killed only if its leader still carries the agent's marker
-        # variable: a recycled pid must never be hit.
-        pod_groups = [
-            int(p.name)
-            for p in (d / "pod-pgids").glob("*")
-            if p.name.isdigit() and _is_pod_process(int(p.name))
-        ]
-        for pid in [*data.get("pids", {}).values(), *pod_groups]:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(pid), signal.SIGKILL)
-        shutil.rmtree(d, ignore_errors=True)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -491,12 +427,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             return 1
         cluster = Cluster(detached=True)
-        cluster.start()
-        for crd in args.crd:
-            cluster.kubectl("apply", "-f", crd)
-        cluster.start_controller_manager()
-        if not args.no_nodes:
-            cluster.start_node_agent()
+        try:
+            cluster.start()
+            for crd in args.crd:
+                cluster.kubectl("apply", "-f", crd)
+                cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", crd)
+            cluster.start_controller_manager()
+            if not args.no_nodes:
+                cluster.start_node_agent()
+        except BaseException:
+            cluster.stop()  # a failed `up` leaves nothing running
+            raise
         data = json.loads((cluster.state_dir / "pids.json").read_text())
         data["detached"] = True
         (cluster.state_dir / "pids.json").write_text(json.dumps(data))
@@ -510,18 +451,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "env":
         print(f"export KUBECONFIG={state / 'kubeconfig'}")
         return 0
-    pids = json.loads((state / "pids.json").read_text())["pids"]
-    for name in ("node-agent", "kube-controller-manager", "kube-apiserver", "etcd"):
-        if name in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(pids[name]), signal.SIGTERM)
-            for _ in range(100):
-                if not _pid_alive(int(pids[name])):
-                    break
-                time.sleep(0.05)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(int(pids[name]), signal.SIGKILL)
-    shutil.rmtree(state, ignore_errors=True)
+    stop_recorded(state)
     CURRENT_FILE.unlink(missing_ok=True)
     print(f"stopped {state}")
     return 0

@@ -30,9 +30,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import podspec
 from kubeapi import ApiError, Kube
-from runtime import Container, now_iso
+from podworker import PodWorker, pod_path
+from runtime import now_iso
 from scheduling import choose_node
 
 Obj = dict[str, Any]
@@ -90,158 +90,6 @@ def default_nodes() -> list[FakeNode]:
     ]
 
 
-def _pod_path(pod: Obj) -> str:
-    return f"/api/v1/namespaces/{pod['metadata']['namespace']}/pods/{pod['metadata']['name']}"
-
-
-class PodWorker:
-    """Runs one bound pod: materialise, start containers, report status, kill on delete."""
-
-    def __init__(self, agent: NodeAgent, pod: Obj, ip: str, host_ip: str) -> None:
-        self.agent, self.pod, self.ip, self.host_ip = agent, pod, ip, host_ip
-        self.uid: str = pod["metadata"]["uid"]
-        meta = pod["metadata"]
-        self.dir = agent.state_dir / "pods" / f"{meta['namespace']}_{meta['name']}_{self.uid[:8]}"
-        self.containers: list[Container] = []
-        self.stop_event = threading.Event()
-        self.deleting = False
-        self.config_error = ""
-        self.start_iso = now_iso()
-        self.conditions: dict[str, Obj] = {}
-        self.last_status: Obj | None = None
-        self.thread = threading.Thread(target=self._run, name=f"pod-{meta['name']}", daemon=True)
-
-    def _prepare(self) -> None:
-        pod = dict(self.pod)
-        pod["status"] = {
-            **(pod.get("status") or {}),
-            "podIP": self.ip,
-            "hostIP": self.host_ip,
-            "podIPs": [{"ip": self.ip}],
-        }
-        volumes = podspec.materialise_volumes(
-            pod, self.dir, self.agent.kube, self.agent.state_dir / "pvcs"
-        )
-        policy = pod["spec"].get("restartPolicy") or "Always"
-        for spec in pod["spec"]["containers"]:
-            env = podspec.container_env(
-                pod,
-                spec,
-                self.agent.kube,
-                podspec.base_env(pod, self.ip, "127.0.0.1", self.agent.kube.port),
-            )
-            mapping = podspec.path_mapping(spec, volumes, self.dir)
-            argv, env, cwd = podspec.process_spec(
-                pod, spec, env, mapping, self.dir, self.agent.image_commands
-            )
-            self.containers.append(
-                Container(
-                    spec={**spec, "terminationGracePeriodSeconds": pod["spec"].get("terminationGracePeriodSeconds")},
-                    argv=argv, env=env, cwd=cwd, log_path=self.dir / f"{spec['name']}.log",
-                    termination_path=Path(dict(mapping)[spec.get("terminationMessagePath") or "/dev/termination-log"]),
-                    pod_ip=self.ip, restart_policy=policy, backoff=self.agent.restart_backoff,
-                )
-            )  # fmt: skip
-
-    def _run(self) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        while not self.stop_event.is_set() and not self.containers:
-            try:
-                self._prepare()
-            except podspec.ConfigError as e:
-                self.containers, self.config_error = [], str(e)
-                self._report()
-                self.stop_event.wait(1.0)
-        for c in self.containers:
-            if not self.stop_event.is_set():
-                c.start()
-                self.agent.track_pgid(c.proc.pid if c.proc else 0)
-        self.config_error = ""
-        while not self.stop_event.is_set():
-            now = time.monotonic()
-            for c in self.containers:
-                before = c.proc.pid if c.proc else 0
-                c.tick(now)
-                if c.proc is not None and c.proc.pid != before:
-                    self.agent.track_pgid(c.proc.pid)
-            self._report()
-            if self.containers and all(c.done for c in self.containers):
-                break  # terminal phase reported; nothing left to run
-            self.stop_event.wait(0.1)
-
-    def _condition(self, kind: str, ok: bool, reason: str = "") -> Obj:
-        status = "True" if ok else "False"
-        old = self.conditions.get(kind)
-        if old is None or old["status"] != status:
-            old = {
-                "type": kind,
-                "status": status,
-                "lastProbeTime": None,
-                "lastTransitionTime": now_iso(),
-            }
-            if reason:
-                old["reason"] = reason
-            self.conditions[kind] = old
-        return old
-
-    def _phase(self) -> str:
-        if not self.containers or any(
-            "waiting" in c.state and c.restart_count == 0 and c.proc is None
-            for c in self.containers
-        ):
-            return "Pending"
-        if all(c.done for c in self.containers):
-            codes = [c.state["terminated"]["exitCode"] for c in self.containers]
-            return "Succeeded" if all(code == 0 for code in codes) else "Failed"
-        return "Running"
-
-    def _report(self) -> None:
-        phase = self._phase()
-        statuses = [c.status() for c in self.containers]
-        if self.config_error:
-            statuses = [
-                {"name": s["name"], "image": s.get("image", ""), "imageID": "", "ready": False, "restartCount": 0,
-                 "started": False, "state": {"waiting": {"reason": "CreateContainerConfigError", "message": self.config_error}},
-                 "lastState": {}}
-                for s in self.pod["spec"]["containers"]
-            ]  # fmt: skip
-        ready = (
-            bool(self.containers) and all(c.ready for c in self.containers) and phase == "Running"
-        )
-        done_reason = "PodCompleted" if phase in ("Succeeded", "Failed") else ""
-        conditions = [
-            self._condition("Initialized", True),
-            self._condition("Ready", ready, done_reason or ("" if ready else "ContainersNotReady")),
-            self._condition(
-                "ContainersReady", ready, done_reason or ("" if ready else "ContainersNotReady")
-            ),
-            self._condition("PodScheduled", True),
-        ]
-        status: Obj = {
-            "phase": phase, "conditions": conditions, "hostIP": self.host_ip, "podIP": self.ip,
-            "podIPs": [{"ip": self.ip}], "startTime": self.start_iso, "containerStatuses": statuses,
-        }  # fmt: skip
-        if status == self.last_status:
-            return
-        try:
-            self.agent.kube.merge_patch(_pod_path(self.pod) + "/status", {"status": status})
-            self.last_status = json.loads(json.dumps(status))
-        except ApiError as e:
-            if e.status == 404:
-                self.stop_event.set()
-            elif e.status != 409:
-                raise
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def stop(self, grace: float) -> None:
-        self.stop_event.set()
-        self.thread.join()
-        for c in self.containers:
-            c.stop(grace)
-
-
 class NodeAgent:
     """Fake nodes + scheduler + kubelet for the dev cluster (see the module docstring)."""
 
@@ -262,6 +110,7 @@ class NodeAgent:
         self.workers: dict[str, PodWorker] = {}
         self.ips: dict[str, str] = {}  # pod uid -> ip, held while the pod object exists
         self.unschedulable: dict[str, str] = {}
+        self.terminating: dict[str, threading.Thread] = {}  # pod uid -> graceful stop in progress
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="node-agent", daemon=True)
         self._last_heartbeat = 0.0
@@ -366,6 +215,8 @@ class NodeAgent:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join()
+        for t in list(self.terminating.values()):
+            t.join()
         for w in list(self.workers.values()):
             w.stop(grace=1.0)
         self.workers.clear()
@@ -378,7 +229,7 @@ class NodeAgent:
                 self._sync()
             except Exception as e:  # the loop must survive API hiccups; the error is kept for tests
                 self.errors.append(repr(e))
-                del self.errors[:-20]
+            del self.errors[:-20]
             self._stop.wait(self.poll_interval)
 
     def _allocate_ip(self, uid: str) -> str:
@@ -421,13 +272,12 @@ class NodeAgent:
                 continue
             worker = self.workers.get(uid)
             if meta.get("deletionTimestamp"):
-                grace = min(float(meta.get("deletionGracePeriodSeconds") or 0), self.max_grace)
-                if worker is not None:
-                    self.workers.pop(uid).stop(grace)
-                with contextlib.suppress(ApiError):
-                    self.kube.delete(
-                        _pod_path(pod), {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
-                    )
+                if uid not in self.terminating:
+                    # Off the loop: a graceful stop may take seconds, scheduling must go on.
+                    grace = min(float(meta.get("deletionGracePeriodSeconds") or 0), self.max_grace)
+                    t = threading.Thread(target=self._terminate, args=(pod, grace), daemon=True)
+                    self.terminating[uid] = t
+                    t.start()
                 continue
             if worker is None and (pod.get("status") or {}).get("phase") not in (
                 "Succeeded",
@@ -439,11 +289,25 @@ class NodeAgent:
             elif worker is not None:
                 worker.pod = pod
         for uid in list(self.workers):
-            if uid not in seen:  # force-deleted (grace 0): the kubelet kills what is left
-                self.workers.pop(uid).stop(grace=0)
+            if uid not in seen and uid not in self.terminating:
+                worker = self.workers.pop(uid, None)  # force-deleted (grace 0): kill what is left
+                if worker is not None:
+                    worker.stop(grace=0)
         for uid in list(self.ips):
             if uid not in seen:
                 del self.ips[uid]
+
+    def _terminate(self, pod: Obj, grace: float) -> None:
+        """Graceful deletion as the kubelet does it: stop the containers, then delete with grace 0."""
+        uid = pod["metadata"]["uid"]
+        worker = self.workers.pop(uid, None)
+        if worker is not None:
+            worker.stop(grace)
+        with contextlib.suppress(ApiError):
+            self.kube.delete(
+                pod_path(pod), {"gracePeriodSeconds": 0, "preconditions": {"uid": uid}}
+            )
+        self.terminating.pop(uid, None)
 
     def _schedule(self, pod: Obj, nodes: list[Obj], pods: list[Obj]) -> None:
         uid = pod["metadata"]["uid"]
@@ -455,14 +319,14 @@ class NodeAgent:
                         "lastProbeTime": None, "lastTransitionTime": now_iso()}  # fmt: skip
                 with contextlib.suppress(ApiError):
                     self.kube.merge_patch(
-                        _pod_path(pod) + "/status", {"status": {"conditions": [cond]}}
+                        pod_path(pod) + "/status", {"status": {"conditions": [cond]}}
                     )
             return
         name = node["metadata"]["name"]
         binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod["metadata"]["name"], "uid": uid},
                    "target": {"apiVersion": "v1", "kind": "Node", "name": name}}  # fmt: skip
         try:
-            self.kube.create(_pod_path(pod) + "/binding", binding)
+            self.kube.create(pod_path(pod) + "/binding", binding)
         except ApiError as e:
             if e.status in (404, 409):
                 return

@@ -42,10 +42,23 @@ def expand(text: str, env: dict[str, str]) -> str:
 
 
 def rewrite_paths(text: str, mapping: list[tuple[str, str]]) -> str:
-    for mount, local in mapping:  # longest first, so /data/models wins over /data
-        pattern = r"(?<![\w./-])" + re.escape(mount.rstrip("/")) + r"(?=/|$|[\s,:;\"'=])"
-        # A function replacement: backslashes in the local path must not be read as escapes.
-        text = re.sub(pattern, lambda _m, to=local: to, text)  # type: ignore[misc]
+    """Replace mountPath prefixes with local directories, on path boundaries, longest mount first.
+
+    A path below a mount that exists on this machine is left alone: the pod's command is a host
+    command (its interpreter may live under /work or /usr), and only a real container would hide it.
+    """
+    for mount, local in mapping:
+        pattern = (
+            r"(?<![\w./-])" + re.escape(mount.rstrip("/")) + r"(/[^\s,:;\"'=]*)?(?=$|[\s,:;\"'=])"
+        )
+
+        def repl(m: re.Match[str], mount: str = mount, local: str = local) -> str:
+            rest = m.group(1) or ""
+            if rest.strip("/") and os.path.exists(mount.rstrip("/") + rest):
+                return m.group(0)
+            return local + rest
+
+        text = re.sub(pattern, repl, text)
     return text
 
 

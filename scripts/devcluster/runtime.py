@@ -138,13 +138,18 @@ class Container:
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.termination_path.unlink(missing_ok=True)
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )  # fmt: skip
-        self.pgids.append(self.proc.pid)
         self.started_at, self.started_iso = time.monotonic(), now_iso()
+        try:
+            with open(self.log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    self.argv, env=self.env, cwd=self.cwd, stdout=log, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                )  # fmt: skip
+        except OSError as e:
+            # What a runtime reports for a missing executable: StartError, exit code 128.
+            self._finish(128, "StartError", f"{self.argv[0]}: {e.strerror or e}", pid=0)
+            return
+        self.pgids.append(self.proc.pid)
         self.state = {"running": {"startedAt": self.started_iso}}
         ports = {
             p["name"]: int(p["containerPort"])
@@ -168,20 +173,29 @@ class Container:
                 return "\n".join(lines)[-2048:]
         return ""
 
-    def _on_exit(self, code: int, now: float) -> None:
+    def _on_exit(self, code: int) -> None:
         assert self.proc is not None
         killed_by = -code if code < 0 else 0
         exit_code = 128 + killed_by if killed_by else code
+        reason = "Completed" if exit_code == 0 else "Error"
+        self._finish(
+            exit_code, reason, self._termination_message(exit_code), self.proc.pid, killed_by
+        )
+
+    def _finish(
+        self, exit_code: int, reason: str, message: str, pid: int, signal_no: int = 0
+    ) -> None:
+        """Record a terminated instance; schedule a restart if the policy asks for one."""
+        now = time.monotonic()
         term: Obj = {
             "exitCode": exit_code,
-            "reason": "Completed" if exit_code == 0 else "Error",
+            "reason": reason,
             "startedAt": self.started_iso,
             "finishedAt": now_iso(),
-            "containerID": f"local://{self.proc.pid}",
+            "containerID": f"local://{pid}",
         }
-        if killed_by:
-            term["signal"] = killed_by
-        message = self._termination_message(exit_code)
+        if signal_no:
+            term["signal"] = signal_no
         if message:
             term["message"] = message
         self.proc, self.ready = None, False
@@ -214,7 +228,7 @@ class Container:
             return
         code = self.proc.poll()
         if code is not None:
-            self._on_exit(code, now)
+            self._on_exit(code)
             return
         startup = self.probes.get("startupProbe")
         if startup is not None and startup.result is not True:
@@ -243,7 +257,7 @@ class Container:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGKILL)
         code = self.proc.wait()
-        self._on_exit(code, time.monotonic())
+        self._on_exit(code)
 
     def stop(self, grace: float) -> None:
         """Kill for good (pod deleted): no restart afterwards."""
@@ -259,7 +273,7 @@ class Container:
             "ready": self.ready,
             "started": self.proc is not None,
             "restartCount": self.restart_count,
-            "state": self.state,
+            "state": self.state or {"waiting": {"reason": "PodInitializing"}},
             "lastState": self.last_state,
         }
         if self.proc is not None:

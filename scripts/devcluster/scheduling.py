@@ -178,5 +178,6 @@ def choose_node(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> tuple[Obj | None
         feasible.append((len([p for p in on_node if not is_terminated(p)]), name, node))
     if feasible:
         return min(feasible, key=lambda t: (t[0], t[1]))[2], ""
-    detail = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+    # Same text as kube-scheduler's FitError: "<count> <reason>" strings, sorted.
+    detail = ", ".join(sorted(f"{n} {r}" for r, n in reasons.items()))
     return None, f"0/{len(nodes)} nodes are available: {detail}."

@@ -8,6 +8,7 @@ every process it started. Fake nodes (see ``NODES``) run pods as local processes
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import uuid
 from collections.abc import Iterator
@@ -39,8 +40,11 @@ NODES = [
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[devcluster.Cluster]:
-    devcluster.build(log=lambda msg: print(msg, file=sys.stderr, flush=True))
+def cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
+    # The first build takes minutes: show its progress instead of letting pytest capture it.
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture else contextlib.nullcontext():
+        devcluster.build(log=lambda msg: print(msg, file=sys.stderr, flush=True))
     c = devcluster.Cluster()
     try:
         c.start()

@@ -1,5 +1,5 @@
 """The dev control plane behaves like a real cluster where operators break: schema, status
-subresource, controllers, scheduling onto GPU nodes, pod processes, garbage collection, RBAC."""
+subresource, resourceVersion conflicts, owner-reference garbage collection, RBAC, clean stop."""
 
 from __future__ import annotations
 
@@ -8,86 +8,29 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
+from cluster_helpers import (
+    CRD,
+    GROUP,
+    PLURAL,
+    PY,
+    ROOT,
+    VERSION,
+    alive,
+    isvc,
+    phase_is,
+    pod,
+    wait_for,
+)
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from procs import kubectl_path
 
 pytestmark = pytest.mark.cluster
-
-ROOT = Path(__file__).resolve().parents[2]
-CRD = ROOT / "crds" / "inferenceservices.infertune.dev.yaml"
-GROUP, VERSION, PLURAL = "infertune.dev", "v1alpha1", "inferenceservices"
-PY = sys.executable
-T = TypeVar("T")
-
-
-def wait_for(fn: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            last = None  # not there yet
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
-
-
-def alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie waiting for init to reap it."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def pod(name: str, command: list[str], **spec: Any) -> dict[str, Any]:
-    container: dict[str, Any] = {"name": "main", "image": "local", "command": command}
-    for key in ("env", "readinessProbe", "livenessProbe", "resources", "volumeMounts", "ports"):
-        if key in spec:
-            container[key] = spec.pop(key)
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [container],
-            "restartPolicy": spec.pop("restartPolicy", "Never"),
-            **spec,
-        },
-    }
-
-
-def isvc(name: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "InferenceService",
-        "metadata": {"name": name},
-        "spec": {
-            "model": {"uri": "pvc://models/tiny"},
-            "slo": {"ttft": {"max": "300ms", "percentile": "p95"}},
-        },
-    }
-
-
-def phase_is(core: client.CoreV1Api, ns: str, name: str, *phases: str) -> Callable[[], Any]:
-    def check() -> Any:
-        p = core.read_namespaced_pod(name, ns)
-        return p if p.status.phase in phases else None
-
-    return check
 
 
 # ---------------------------------------------------------------- API machinery
@@ -176,262 +119,6 @@ def test_status_subresource_ignores_spec_and_main_resource_ignores_status(
     with pytest.raises(ApiException) as conflict:
         co.replace_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "status-demo", stale)
     assert conflict.value.status == 409
-
-
-# ---------------------------------------------------------------- controllers + node agent
-
-
-def test_deployment_gets_replicaset_and_ready_pods_serving_on_their_own_ip(
-    cluster: Any, api: Any, namespace: str
-) -> None:
-    server = [PY, "-m", "http.server", "--bind", "$(POD_IP)", "8080"]
-    container = {
-        "name": "web", "image": "local", "command": server, "ports": [{"name": "http", "containerPort": 8080}],
-        "env": [{"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}],
-        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 1},
-    }  # fmt: skip
-    labels = {"app": "web"}
-    dep = {
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
-        "spec": {"replicas": 2, "selector": {"matchLabels": labels},
-                 "template": {"metadata": {"labels": labels}, "spec": {"containers": [container]}}},
-    }  # fmt: skip
-    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
-    apps.create_namespaced_deployment(namespace, dep)
-    rs = wait_for(lambda: apps.list_namespaced_replica_set(namespace).items, "a ReplicaSet")
-    assert rs[0].metadata.owner_references[0].name == "web"
-    wait_for(
-        lambda: apps.read_namespaced_deployment("web", namespace).status.available_replicas == 2,
-        "2 available replicas",
-    )
-    pods = core.list_namespaced_pod(namespace, label_selector="app=web").items
-    ips = {p.status.pod_ip for p in pods}
-    assert len(ips) == 2 and all(ip.startswith("127.") for ip in ips)
-    for ip in ips:
-        with urllib.request.urlopen(f"http://{ip}:8080/", timeout=5) as r:
-            assert r.status == 200
-    core.create_namespaced_service(
-        namespace,
-        {"metadata": {"name": "web"}, "spec": {"selector": labels, "ports": [{"port": 8080}]}},
-    )
-    # EndpointSlices carry the pod IPs (Endpoints cannot: validation rejects loopback addresses).
-    path = f"/apis/discovery.k8s.io/v1beta1/namespaces/{namespace}/endpointslices?labelSelector=kubernetes.io/service-name=web"
-    slices = wait_for(
-        lambda: [s for s in cluster.get_json(path)["items"] if len(s.get("endpoints") or []) == 2],
-        "endpoint slice",
-    )
-    assert {e["addresses"][0] for e in slices[0]["endpoints"]} == ips
-    assert all(e["conditions"]["ready"] for e in slices[0]["endpoints"])
-
-
-def test_gpu_pods_land_only_on_nodes_that_have_the_gpu(api: Any, namespace: str) -> None:
-    core = client.CoreV1Api(api)
-    sleep = [PY, "-c", "import time; time.sleep(600)"]
-    gpu = {"limits": {"nvidia.com/gpu": "1"}}
-    h100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-    core.create_namespaced_pod(namespace, pod("on-h100", sleep, resources=gpu, nodeSelector=h100))
-    bound = wait_for(phase_is(core, namespace, "on-h100", "Running"), "on-h100 running")
-    assert bound.spec.node_name == "gpu-h100-0"
-    # The only H100 GPU is taken: a second H100 pod must wait with the scheduler's reason.
-    core.create_namespaced_pod(
-        namespace, pod("second-h100", sleep, resources=gpu, nodeSelector=h100)
-    )
-    cond = wait_for(
-        lambda: [
-            c
-            for c in core.read_namespaced_pod("second-h100", namespace).status.conditions or []
-            if c.reason == "Unschedulable"
-        ],
-        "Unschedulable condition",
-    )
-    assert "Insufficient nvidia.com/gpu" in cond[0].message
-    assert core.read_namespaced_pod("second-h100", namespace).spec.node_name is None
-    # Affinity NotIn H100 + a GPU: the A100 node (the T4 is tainted, the CPU node has no GPU).
-    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "NotIn", "values": ["NVIDIA-H100-80GB-HBM3"]},
-                              {"key": "nvidia.com/gpu.present", "operator": "Exists"}]}]}}}  # fmt: skip
-    core.create_namespaced_pod(namespace, pod("not-h100", sleep, resources=gpu, affinity=affinity))
-    assert (
-        wait_for(phase_is(core, namespace, "not-h100", "Running"), "not-h100").spec.node_name
-        == "gpu-a100-0"
-    )
-    toleration = [
-        {"key": "dedicated", "operator": "Equal", "value": "infertune", "effect": "NoSchedule"}
-    ]
-    t4 = {"nvidia.com/gpu.product": "Tesla-T4"}
-    core.create_namespaced_pod(
-        namespace, pod("t4-intolerant", sleep, resources=gpu, nodeSelector=t4)
-    )
-    core.create_namespaced_pod(
-        namespace, pod("t4-tolerant", sleep, resources=gpu, nodeSelector=t4, tolerations=toleration)
-    )
-    assert (
-        wait_for(phase_is(core, namespace, "t4-tolerant", "Running"), "t4-tolerant").spec.node_name
-        == "gpu-t4-tainted-0"
-    )
-    cond = wait_for(
-        lambda: [
-            c
-            for c in core.read_namespaced_pod("t4-intolerant", namespace).status.conditions or []
-            if c.reason == "Unschedulable"
-        ],
-        "t4-intolerant Unschedulable",
-    )
-    assert "taint {dedicated: infertune}" in cond[0].message
-    # Free the H100: the waiting pod is bound to it.
-    core.delete_namespaced_pod("on-h100", namespace)
-    assert (
-        wait_for(phase_is(core, namespace, "second-h100", "Running"), "second-h100").spec.node_name
-        == "gpu-h100-0"
-    )
-
-
-def test_pod_process_gets_env_config_and_reports_exit_codes(api: Any, namespace: str) -> None:
-    core = client.CoreV1Api(api)
-    core.create_namespaced_config_map(
-        namespace,
-        {"metadata": {"name": "cfg"}, "data": {"mode": "fast", "tuning.yaml": "trials: 3\n"}},
-    )
-    core.create_namespaced_secret(
-        namespace,
-        {"metadata": {"name": "sec"}, "data": {"token": base64.b64encode(b"s3cret").decode()}},
-    )
-    script = (
-        "import json, os, sys; "
-        "cfg = open(sys.argv[1]).read().strip(); "
-        "out = {k: os.environ[k] for k in ('NAME', 'NS', 'IP', 'POD_IP', 'MODE', 'TOKEN', 'GREETING')}; "
-        "out['cfg'] = cfg; out['arg'] = sys.argv[2]; "
-        "open('/dev/termination-log', 'w').write(json.dumps(out)); sys.exit(int(os.environ['CODE']))"
-    )
-    env = [
-        {"name": "NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "NS", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-        {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-        {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode"}}},
-        {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "sec", "key": "token"}}},
-        {"name": "GREETING", "value": "hello-$(NAME)-$$(NOT)"},
-    ]
-    for name, code, phase in (("ok", "0", "Succeeded"), ("bad", "3", "Failed")):
-        spec = pod(
-            name, [PY, "-c", script, "/etc/infertune/tuning.yaml", "$(MODE)"],
-            env=[*env, {"name": "CODE", "value": code}],
-            volumeMounts=[{"name": "cfg", "mountPath": "/etc/infertune"}],
-            volumes=[{"name": "cfg", "configMap": {"name": "cfg"}}],
-        )  # fmt: skip
-        core.create_namespaced_pod(namespace, spec)
-        done = wait_for(phase_is(core, namespace, name, "Succeeded", "Failed"), f"{name} finished")
-        assert done.status.phase == phase
-        term = done.status.container_statuses[0].state.terminated
-        assert term.exit_code == int(code)
-        seen = json.loads(term.message)
-        assert seen == {
-            "NAME": name, "NS": namespace, "IP": done.status.pod_ip, "POD_IP": done.status.pod_ip, "MODE": "fast",
-            "TOKEN": "s3cret", "GREETING": f"hello-{name}-$(NOT)", "cfg": "trials: 3", "arg": "fast",
-        }  # fmt: skip
-
-
-def test_restart_policy_on_failure_restarts_until_success(api: Any, namespace: str) -> None:
-    core = client.CoreV1Api(api)
-    # Fails on the first run, succeeds on the second: the emptyDir survives container restarts.
-    script = "import os, sys; f = '/scratch/ran'; first = not os.path.exists(f); open(f, 'w').close(); sys.exit(1 if first else 0)"
-    spec = pod(
-        "flaky", [PY, "-c", script], restartPolicy="OnFailure",
-        volumeMounts=[{"name": "scratch", "mountPath": "/scratch"}], volumes=[{"name": "scratch", "emptyDir": {}}],
-    )  # fmt: skip
-    core.create_namespaced_pod(namespace, spec)
-    done = wait_for(phase_is(core, namespace, "flaky", "Succeeded", "Failed"), "flaky finished")
-    status = done.status.container_statuses[0]
-    assert done.status.phase == "Succeeded"
-    assert status.restart_count == 1
-    assert status.last_state.terminated.exit_code == 1
-
-
-def test_readiness_follows_the_probe_and_delete_kills_the_process_group(
-    api: Any, namespace: str
-) -> None:
-    core = client.CoreV1Api(api)
-    # The child `sleep` shares the process group: deleting the pod must kill it too.
-    script = "touch ready; sleep 600 & echo $! > child.pid; while test -f ready; do sleep 0.2; done; sleep 600"
-    probe = {
-        "exec": {"command": ["test", "-f", "ready"]},
-        "periodSeconds": 1,
-        "failureThreshold": 1,
-    }
-    core.create_namespaced_pod(namespace, pod("probed", ["sh", "-c", script], readinessProbe=probe))
-    ready = wait_for(
-        lambda: (
-            (p := core.read_namespaced_pod("probed", namespace)).status.container_statuses
-            and p.status.container_statuses[0].ready
-            and p
-        ),
-        "probed Ready",
-    )
-    assert {c.type: c.status for c in ready.status.conditions}["Ready"] == "True"
-    pid = int(ready.status.container_statuses[0].container_id.removeprefix("local://"))
-    os.killpg(pid, 0)  # the process group is alive
-    workdir = Path(os.readlink(f"/proc/{pid}/cwd"))
-    child = int((workdir / "child.pid").read_text())
-    (workdir / "ready").unlink()  # the probe now fails
-    wait_for(
-        lambda: (
-            not core.read_namespaced_pod("probed", namespace).status.container_statuses[0].ready
-        ),
-        "probed not Ready",
-    )
-    assert core.read_namespaced_pod("probed", namespace).status.phase == "Running"
-    core.delete_namespaced_pod("probed", namespace)  # graceful: deletionTimestamp first
-    wait_for(
-        lambda: (
-            not core.list_namespaced_pod(namespace, field_selector="metadata.name=probed").items
-        ),
-        "pod gone",
-    )
-    for p in (pid, child):
-        wait_for(lambda p=p: not alive(p), f"process {p} gone", timeout=10)
-
-
-def test_jobs_complete_and_fail_from_pod_exit_codes(api: Any, namespace: str) -> None:
-    batch = client.BatchV1Api(api)
-    for name, code in (("job-ok", 0), ("job-fail", 2)):
-        job = {
-            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
-            "spec": {"backoffLimit": 0, "template": {"spec": {"restartPolicy": "Never", "containers": [
-                {"name": "main", "image": "local", "command": [PY, "-c", f"import sys; sys.exit({code})"]}]}}},
-        }  # fmt: skip
-        batch.create_namespaced_job(namespace, job)
-    ok = wait_for(
-        lambda: (j := batch.read_namespaced_job("job-ok", namespace)).status.succeeded and j,
-        "job-ok succeeded",
-    )
-    assert {c.type for c in ok.status.conditions} == {"Complete"}
-    failed = wait_for(
-        lambda: [
-            c
-            for c in batch.read_namespaced_job("job-fail", namespace).status.conditions or []
-            if c.type == "Failed"
-        ],
-        "job-fail Failed",
-    )
-    assert failed[0].reason == "BackoffLimitExceeded"
-
-
-def test_relabelled_node_attracts_pods_for_its_new_gpu(
-    agent: Any, api: Any, namespace: str
-) -> None:
-    core = client.CoreV1Api(api)
-    agent.relabel("gpu-a100-0", {"nvidia.com/gpu.product": "NVIDIA-H200"})
-    try:
-        assert (
-            core.read_node("gpu-a100-0").metadata.labels["nvidia.com/gpu.product"] == "NVIDIA-H200"
-        )
-        h200 = {"nvidia.com/gpu.product": "NVIDIA-H200"}
-        core.create_namespaced_pod(namespace, pod("on-h200", ["true"], nodeSelector=h200))
-        assert (
-            wait_for(phase_is(core, namespace, "on-h200", "Succeeded"), "on-h200").spec.node_name
-            == "gpu-a100-0"
-        )
-    finally:
-        agent.relabel("gpu-a100-0", {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"})
 
 
 # ---------------------------------------------------------------- garbage collection and RBAC
@@ -543,3 +230,42 @@ def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
         wait_for(lambda p=p: not alive(p), f"process {p} gone", timeout=10)
     assert not state.exists()
     assert subprocess.run(["pgrep", "-f", str(state)], capture_output=True).returncode == 1
+
+
+def test_cli_up_env_down_round_trip(tmp_path: Path) -> None:
+    script = ROOT / "scripts" / "devcluster" / "devcluster.py"
+    env = {**os.environ, "INFERTUNE_DEVCLUSTER_CURRENT": str(tmp_path / "current")}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [PY, str(script), *args], env=env, capture_output=True, text=True, timeout=300
+        )
+
+    up = cli("up", "--crd", str(CRD))
+    assert up.returncode == 0, up.stderr
+    state = Path((tmp_path / "current").read_text())
+    try:
+        exported = cli("env").stdout.strip()
+        assert exported == f"export KUBECONFIG={state / 'kubeconfig'}"
+        kubeconfig = exported.split("=", 1)[1]
+        kubectl = [kubectl_path(), f"--kubeconfig={kubeconfig}"]
+        nodes = wait_for(
+            lambda: subprocess.run(
+                [*kubectl, "get", "nodes", "-o", "name"], capture_output=True, text=True
+            ).stdout.split(),
+            "nodes registered by the detached agent",
+        )
+        assert "node/gpu-h100-0" in nodes
+        crds = subprocess.run(
+            [*kubectl, "get", "crd", "-o", "name"], capture_output=True, text=True
+        ).stdout
+        assert "inferenceservices.infertune.dev" in crds
+        assert cli("up").returncode == 1  # one detached instance at a time
+        pids = json.loads((state / "pids.json").read_text())["pids"]
+    finally:
+        down = cli("down")
+    assert down.returncode == 0, down.stderr
+    assert not state.exists()
+    for pid in pids.values():
+        wait_for(lambda pid=pid: not alive(int(pid)), f"process {pid} gone", timeout=10)
+    assert cli("env").returncode == 1

@@ -23,6 +23,7 @@ from infertune.operator.conditions import get_condition, parse_iso
 from infertune.operator.context import Ctx, InvalidSpecError, commit, load, log
 from infertune.operator.drift import beats_live
 from infertune.operator.hashing import config_hash, digest, run_hash, tuning_hash
+from infertune.operator.pods import pod_summary
 from infertune.operator.reconcile import ensure
 from infertune.operator.runtime import Runtime
 from infertune.operator.summary import Summary, parse_summary
@@ -150,7 +151,9 @@ async def ingest_job(
     run = ctx.status.tuning
     if run is None or run.job != meta["name"] or run.finished_at is not None:
         return  # superseded, or already ingested (a restart replays every Job)
-    pod = _job_pod(pods, meta["name"])
+    # Read the Job's pods now: the pod watch may not have delivered the terminated state yet.
+    found = await rt.kube.list("Pod", meta["namespace"], f"job-name={meta['name']}")
+    pod = _job_pod([pod_summary(p) for p in found] or pods, meta["name"])
     summary = parse_summary(pod.get("message") if pod else None)
     run.finished_at = ctx.now
     started = parse_iso(run.started_at)

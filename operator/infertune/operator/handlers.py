@@ -16,42 +16,17 @@ from infertune.operator.builders.common import (
     LABEL_COMPONENT,
     LABEL_ISVC,
     LABEL_MANAGED,
-    LABEL_TRACK,
     MANAGED_BY,
 )
-from infertune.operator.k8s import Kube, build_api_client
+from infertune.operator.k8s import Kube, build_api_client, connection_info
 from infertune.operator.metrics import OperatorMetrics
 from infertune.operator.monitor import PrometheusSource
+from infertune.operator.pods import pod_summary
 from infertune.operator.runtime import Runtime
 from infertune.operator.settings import OperatorSettings
 
 ISVC = (GROUP, VERSION, PLURAL)
 OURS = {LABEL_MANAGED: MANAGED_BY}
-
-
-def pod_summary(body: Any) -> dict[str, Any]:
-    """What the operator needs of a pod, kept small: the index holds one per pod in memory."""
-    meta, spec, st = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
-    labels = meta.get("labels") or {}
-    conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
-    out: dict[str, Any] = {
-        "name": meta.get("name"),
-        "uid": meta.get("uid"),
-        "component": labels.get(LABEL_COMPONENT),
-        "track": labels.get(LABEL_TRACK),
-        "job": labels.get("job-name"),
-        "node": spec.get("nodeName"),
-        "ip": st.get("podIP"),
-        "phase": st.get("phase"),
-        "ready": conds.get("Ready") == "True",
-    }
-    for cs in st.get("containerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated")
-        if term:
-            out.update(
-                terminated=True, message=term.get("message"), finished_at=term.get("finishedAt")
-            )
-    return out
 
 
 def _values(index: Any, key: Any) -> list[Any]:
@@ -79,7 +54,7 @@ def _key(body: Any, *, owner_label: bool) -> tuple[str, str]:
 def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
-    @kopf.on.startup(registry=registry)
+    @kopf.on.startup(registry=registry, id="startup")
     async def startup(**kw: Any) -> None:
         memo, logger = kw["memo"], kw["logger"]
         op: OperatorSettings = memo.op_settings
@@ -97,13 +72,18 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
             else None,
         )
 
-    @kopf.index("", "v1", "pods", labels=OURS, registry=registry)
+    @kopf.on.login(registry=registry, id="login")
+    def login(**kw: Any) -> kopf.ConnectionInfo:
+        # A custom registry has none of kopf's default login handlers: log in like the adapter.
+        return connection_info(build_api_client(kw["memo"].kubeconfig))
+
+    @kopf.index("", "v1", "pods", labels=OURS, registry=registry, id="infertune_pods")
     def infertune_pods(**kw: Any) -> dict[Any, Any]:
         body = kw["body"]
         key = _key(body, owner_label=True)
         return {key: pod_summary(body)} if key[1] else {}
 
-    @kopf.index("", "v1", "nodes", registry=registry)
+    @kopf.index("", "v1", "nodes", registry=registry, id="infertune_nodes")
     def infertune_nodes(**kw: Any) -> dict[Any, Any]:
         return {kw["name"]: kw["labels"].get(GPU_PRODUCT_LABEL)}
 
@@ -116,14 +96,19 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         decorator(*ISVC, registry=registry, id="spec")(spec_handler)
     kopf.on.update(*ISVC, field="spec", registry=registry, id="spec")(spec_handler)
 
-    @kopf.on.delete(*ISVC, optional=True, registry=registry)
+    @kopf.on.delete(*ISVC, optional=True, registry=registry, id="forget")
     async def forget(**kw: Any) -> None:
         _rt(kw["memo"]).forget(
             _key(kw["body"], owner_label=False)
         )  # children go by owner references
 
     @kopf.on.event(
-        "batch", "v1", "jobs", labels={**OURS, LABEL_COMPONENT: "tuning"}, registry=registry
+        "batch",
+        "v1",
+        "jobs",
+        labels={**OURS, LABEL_COMPONENT: "tuning"},
+        registry=registry,
+        id="tuning_job",
     )
     async def tuning_job(**kw: Any) -> None:
         if kw.get("type") == "DELETED":
@@ -135,7 +120,12 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
             await flows.ingest_job(rt, dict(body), pods, nodes)
 
     @kopf.on.event(
-        "apps", "v1", "deployments", labels={**OURS, LABEL_COMPONENT: "serving"}, registry=registry
+        "apps",
+        "v1",
+        "deployments",
+        labels={**OURS, LABEL_COMPONENT: "serving"},
+        registry=registry,
+        id="serving_deployment",
     )
     async def serving_deployment(**kw: Any) -> None:
         if kw.get("type") == "DELETED":
@@ -144,7 +134,9 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         async with rt.lock(_key(body, owner_label=True)):
             await flows.on_deployment(rt, dict(body))
 
-    @kopf.timer(*ISVC, interval=settings.monitor_tick_s, sharp=False, registry=registry)
+    @kopf.timer(
+        *ISVC, interval=settings.monitor_tick_s, sharp=False, registry=registry, id="keep_checking"
+    )
     async def keep_checking(**kw: Any) -> None:
         rt, body = _rt(kw["memo"]), kw["body"]
         key = _key(body, owner_label=False)

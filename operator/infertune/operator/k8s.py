@@ -10,6 +10,7 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import kopf
 from kubernetes import client as k8s_client
@@ -54,6 +55,24 @@ def build_api_client(kubeconfig: str | None = None) -> Any:
             config_file=kubeconfig, client_configuration=cfg, persist_config=False
         )
     return k8s_client.ApiClient(cfg)
+
+
+def connection_info(api_client: Any) -> kopf.ConnectionInfo:
+    """kopf's own watch connections use the same credentials as the adapter's client."""
+    cfg = api_client.configuration
+    raw = next(
+        (v for k, v in (cfg.api_key or {}).items() if k in ("authorization", "BearerToken")), None
+    )
+    token = str(raw).removeprefix("Bearer ").strip() if raw else None
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+        scheme="Bearer" if token else None,
+        token=token,
+    )
 
 
 def _path(kind: str, namespace: str, name: str | None = None, sub: str | None = None) -> str:
@@ -127,6 +146,12 @@ class Kube:
             if err.status == 404:
                 return None
             raise
+
+    async def list(self, kind: str, namespace: str, label_selector: str) -> list[Obj]:
+        path = _path(kind, namespace) + "?" + urlencode({"labelSelector": label_selector})
+        result: Obj = await self.call("list", kind, "GET", path)
+        items: list[Obj] = result.get("items") or []
+        return items
 
     async def create(self, obj: Obj) -> bool:
         """Create; False when it already exists (creation is idempotent by name)."""

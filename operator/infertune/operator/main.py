@@ -13,9 +13,19 @@ from infertune.operator.handlers import build_registry, kopf_settings
 from infertune.operator.settings import parse_settings
 
 
+class _QuietTimers(logging.Filter):
+    """The SLO timer runs every few seconds per object; its 'succeeded' lines would drown the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith("Timer ") and message.endswith("succeeded."))
+
+
 def operator_main(argv: Sequence[str]) -> int:
     settings, args = parse_settings(argv)
     kopf.configure(verbose=args.verbose, log_prefix=True)
+    if not args.verbose:
+        logging.getLogger("kopf.objects").addFilter(_QuietTimers())
     clusterwide = settings.all_namespaces or not settings.namespaces
     if not settings.namespaces and not settings.all_namespaces:
         logging.getLogger("infertune.operator").info(

@@ -13,6 +13,18 @@ from infertune.operator.api.status import PhaseProfile
 SUMMARY_VERSION = 1
 
 
+def contract_key(field: str) -> str:
+    """The contract's camelCase for a snake_case field: e2e_p95_ms -> e2eP95Ms."""
+    first, *rest = field.split("_")
+    return first + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+def figures_by_field(measured: dict[str, float | None]) -> dict[str, float]:
+    """Contract keys -> Figures field names (by name, not alias: the aliases differ for e2e)."""
+    names = {contract_key(name): name for name in Figures.model_fields}
+    return {names[k]: v for k, v in measured.items() if k in names and v is not None}
+
+
 class _Camel(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
@@ -54,7 +66,7 @@ class Summary(_Camel):
             max_num_batched_tokens=b.max_num_batched_tokens,
             kv_block_size=b.kv_block_size,
             cuda_graph=b.cuda_graph,
-            measured=Figures.model_validate({k: v for k, v in b.measured.items() if v is not None}),
+            measured=Figures.model_validate(figures_by_field(b.measured)),
             slo_margins_ms=dict(b.slo_margins_ms),
         )
 

@@ -296,3 +296,16 @@ def test_cli_errors_name_the_flag(tiny: Path) -> None:
     with pytest.raises(SystemExit, match="--gpu-memory-utilization applies to CUDA"):
         serve_main(["--model", str(tiny), "--gpu-memory-utilization", "0.5", "--device", "cpu"])
     assert serve_main(["--model", str(tiny), "--cuda-graph", "--device", "cpu"]) == 2
+
+
+def test_incremental_detokenizer_streams_exactly_the_full_text(tiny: Path) -> None:
+    from infertune.engine.protocol import IncrementalDetokenizer
+
+    tok = Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    text = "Hello world, héllo 東京! multi-byte é and spaces   end"
+    ids = tok.encode(text).ids[1:]  # without <s>
+    detok = IncrementalDetokenizer(tok)
+    deltas = [detok.add([i]) for i in ids]
+    deltas.append(detok.flush())
+    assert "".join(deltas) == tok.decode(ids)
+    assert not any("\ufffd" in d for d in deltas), "a half character was streamed"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from loadgen_helpers import ServerFactory
+from loadgen_helpers import ServerFactory, boosted_priority
 from scipy import stats
 
 from infertune.tuner.api import TrafficProfile
@@ -61,7 +61,8 @@ def test_requests_leave_on_the_poisson_schedule(scripted_server: ServerFactory) 
             "outputTokens": {"mean": 2},
         }
     )
-    result = run_load_sync(url, traffic, model="scripted")
+    with boosted_priority():
+        result = run_load_sync(url, traffic, model="scripted")
     assert result.completed == 400
     scheduled = np.array(sorted(r.scheduled for r in result.records))
     sent = np.array(sorted(r.start for r in result.records))

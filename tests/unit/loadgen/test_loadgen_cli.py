@@ -150,3 +150,25 @@ def test_unreachable_server_still_reports(capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert rc == 1  # nothing completed
     assert "4 x connection refused" in out
+
+
+def test_progress_bar_draws_one_updating_line() -> None:
+    import io
+
+    from infertune.tuner.api import TrafficProfile
+    from infertune.tuner.loadgen.cli import ProgressBar
+    from infertune.tuner.loadgen.client import RequestRecord
+    from infertune.tuner.loadgen.stats import summarize
+
+    rec = RequestRecord(0, 8, 2, start=0.0, end=0.05, ttft=0.02, chunks=2, itl=[0.03])
+    snap = summarize(
+        [rec], slo=None, mode="closed", rate=None, concurrency=1, started=0.0, finished=0.05,
+        dispatch_end=0.05, in_flight=[], prompt_length_exact=False, final=False,
+    )  # fmt: skip
+    out = io.StringIO()
+    bar = ProgressBar(out, TrafficProfile.model_validate({"concurrency": 1, "numRequests": 4}))
+    bar(snap)
+    bar.close()
+    text = out.getvalue()
+    assert text.startswith("\r[") and "25%" in text and "p50 TTFT 20.0 ms" in text
+    assert text.endswith("\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 from loadgen_helpers import ServerFactory, server_log
@@ -135,3 +136,19 @@ def test_a_server_that_keeps_up_is_not_saturated(scripted_server: ServerFactory)
     assert result.saturation.achieved_rate == pytest.approx(
         result.saturation.dispatched_rate, rel=0.15
     )
+
+
+def test_replay_file_sets_each_request_length(
+    scripted_server: ServerFactory, tmp_path: Path
+) -> None:
+    url = scripted_server()
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text(
+        '{"prompt_tokens": 5, "output_tokens": 2}\n{"prompt_tokens": 9, "output_tokens": 6}\n'
+    )
+    result = run_load_sync(
+        url,
+        _traffic(concurrency=1, numRequests=4, warmupRequests=0, replayFile=str(trace)),
+        model="m",
+    )
+    assert [(r.prompt_tokens, r.output_tokens) for r in result.records] == [(5, 2), (9, 6)] * 2

@@ -90,7 +90,7 @@ SUMMARY = {
     "trialsCompleted": 9, "trialsTotal": 10, "hardware": "cpu", "gpuProduct": None,
     "best": {"engine": "builtin", "quantization": "int8", "maxNumSeqs": 16, "maxNumBatchedTokens": 512,
              "kvBlockSize": 16, "cudaGraph": False,
-             "measured": {"ttftP95Ms": 120.5, "goodputRps": 7.5, "requestRate": 8.0, "promptTokensMean": 80.0},
+             "measured": {"ttftP95Ms": 120.5, "e2eP99Ms": 900.0, "goodputRps": 7.5, "requestRate": 8.0, "promptTokensMean": 80.0},
              "sloMarginsMs": {"ttft": 379.5}},
     "bindingConstraint": None,
     "profile": {"hardware": "cpu", "memoryBandwidthGbps": 20.0, "peakTflops": 0.5,
@@ -105,6 +105,7 @@ def test_summary_maps_onto_the_status_models() -> None:
     config = parsed.serving_config()
     assert config is not None and config.quantization == "int8" and config.max_num_seqs == 16
     assert config.measured is not None and config.measured.ttft_p95_ms == 120.5
+    assert config.measured.e2e_p99_ms == 900.0  # the contract writes e2eP99Ms
     assert config.slo_margins_ms == {"ttft": 379.5}
     profile = parsed.status_profile()
     assert (

@@ -238,8 +238,12 @@ class Engine:
     def _step(self, inbox: list[_Request], aborts: list[int]) -> None:
         sched = self.scheduler
         for req in inbox:
+            try:
+                sched.add(req.seq)
+            except RequestRejectedError as exc:  # validated on arrival; kept as a safety net
+                self._deliver([(req, TokenEvent([], _now(), True, "abort", str(exc)))])
+                continue
             self._requests[req.seq.seq_id] = req
-            sched.add(req.seq)
         for seq_id in aborts:
             seq = sched.abort(seq_id)
             if seq is not None:

@@ -53,13 +53,21 @@ def measure_bandwidth(device: str, nbytes: int) -> float:
     return 2 * n * 4 / seconds / 1e9
 
 
-def measure_matmul(device: str, dtype: str, n: int) -> float:
-    """FLOP/s of an n x n x n matmul in `dtype`."""
-    a = torch.randn(n, n, device=device).to(_TORCH_DTYPES[dtype])
-    b = torch.randn(n, n, device=device).to(_TORCH_DTYPES[dtype])
-    out = torch.empty(n, n, device=device, dtype=_TORCH_DTYPES[dtype])
-    seconds = _best_seconds(lambda: torch.mm(a, b, out=out), device, repeats=4)
-    return 2 * n**3 / seconds
+def measure_matmul(device: str, dtype: str, n_max: int, min_seconds: float = 0.05) -> float:
+    """FLOP/s of the largest n x n x n matmul in `dtype` up to `n_max` worth timing.
+
+    The size grows from 256 until one matmul takes `min_seconds`: a dtype the CPU only emulates
+    (fp16 is ~100x slower than fp32 there) is measured in seconds, not minutes.
+    """
+    n = 256
+    while True:
+        a = torch.randn(n, n, device=device).to(_TORCH_DTYPES[dtype])
+        b = torch.randn(n, n, device=device).to(_TORCH_DTYPES[dtype])
+        out = torch.empty(n, n, device=device, dtype=_TORCH_DTYPES[dtype])
+        seconds = _best_seconds(lambda: torch.mm(a, b, out=out), device, repeats=3)
+        if seconds >= min_seconds or n * 2 > n_max:
+            return 2 * n**3 / seconds
+        n *= 2
 
 
 def measure_launch_overhead(device: str, ops: int = 2000) -> float:

@@ -12,19 +12,18 @@ class BuiltinAdapter(EngineAdapter):
     name = "builtin"
     health_path = "/health"
     metrics = {
-        "ttft": "infertune_engine_time_to_first_token_seconds",
-        "itl": "infertune_engine_inter_token_latency_seconds",
-        "e2e": "infertune_engine_e2e_request_latency_seconds",
-        "running": "infertune_engine_num_requests_running",
-        "waiting": "infertune_engine_num_requests_waiting",
+        # The built-in engine exports vLLM's series names so one live check reads both.
+        "ttft": "vllm:time_to_first_token_seconds",
+        "itl": "vllm:inter_token_latency_seconds",
+        "e2e": "vllm:e2e_request_latency_seconds",
+        "running": "vllm:num_requests_running",
+        "waiting": "vllm:num_requests_waiting",
     }
 
     def capabilities(self, hardware: Hardware) -> Capabilities:
         quants = set(ENGINE_QUANTIZATIONS["builtin"])
         notes: list[str] = []
         if not hardware.is_gpu:
-            # On CPU the fp16 matmul is emulated and far slower than fp32: measurable, but never a
-            # sensible choice; it stays in the space so the profile shows why.
             notes.append("cuda_graph needs a GPU: only cuda_graph=false on CPU")
         return Capabilities(
             quantizations=frozenset(quants),

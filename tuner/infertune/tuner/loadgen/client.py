@@ -185,6 +185,9 @@ class _Exchange:
                 pos = eol + 2
                 if size == 0:
                     # Trailers are not used by inference servers; the body is complete here.
+                    # Bytes after it belong to no request: do not reuse this connection.
+                    if buf[pos:] not in (b"", b"\r\n"):
+                        self.keep_alive = False
                     self._end()
                     return
                 self._chunk_left = size

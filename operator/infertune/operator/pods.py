@@ -1,0 +1,32 @@
+"""The few facts the operator needs of a pod, kept small (the pod index holds one per pod)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infertune.operator.builders.common import LABEL_COMPONENT, LABEL_TRACK
+
+
+def pod_summary(body: Any) -> dict[str, Any]:
+    """What the operator needs of a pod, kept small: the index holds one per pod in memory."""
+    meta, spec, st = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
+    labels = meta.get("labels") or {}
+    conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+    out: dict[str, Any] = {
+        "name": meta.get("name"),
+        "uid": meta.get("uid"),
+        "component": labels.get(LABEL_COMPONENT),
+        "track": labels.get(LABEL_TRACK),
+        "job": labels.get("job-name"),
+        "node": spec.get("nodeName"),
+        "ip": st.get("podIP"),
+        "phase": st.get("phase"),
+        "ready": conds.get("Ready") == "True",
+    }
+    for cs in st.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated")
+        if term:
+            out.update(
+                terminated=True, message=term.get("message"), finished_at=term.get("finishedAt")
+            )
+    return out

@@ -1,0 +1,161 @@
+"""Run the operator as its own process under the RBAC rules of infertune.operator.rbac (a
+ServiceAccount token, no admin rights), for the integration tests and the operator benchmark."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from infertune.operator.rbac import cluster_role, cluster_role_binding
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
+from pki import kubeconfig_text  # noqa: E402
+
+GROUP, VERSION, PLURAL = "infertune.dev", "v1alpha1", "inferenceservices"
+SYSTEM_NS = "infertune-system"
+SA = "infertune-operator"
+FAKE_CLI = Path(__file__).resolve().parent / "operator_fake_cli.py"
+T = TypeVar("T")
+
+
+def wait_for(
+    fn: Callable[[], T | None], what: str, timeout: float = 120.0, every: float = 0.25
+) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            last = None
+        if last:
+            return last  # type: ignore[no-any-return]
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+
+
+def operator_kubeconfig(cluster: Any, api: Any, directory: Path) -> Path:
+    """A ServiceAccount bound to exactly rbac.RULES; returns a kubeconfig with its token."""
+    core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
+    with contextlib.suppress(ApiException):
+        cluster.create_namespace(SYSTEM_NS)
+    with contextlib.suppress(ApiException):
+        core.create_namespaced_service_account(SYSTEM_NS, {"metadata": {"name": SA}})
+    for create, body in (
+        (rbac.create_cluster_role, cluster_role(SA)),
+        (rbac.create_cluster_role_binding, cluster_role_binding(SA, SA, SYSTEM_NS)),
+    ):
+        try:
+            create(body)
+        except ApiException as e:
+            if e.status != 409:
+                raise
+    secret = wait_for(
+        lambda: (core.read_namespaced_service_account(SA, SYSTEM_NS).secrets or [None])[0],
+        "SA token",
+    )
+    token = base64.b64decode(
+        core.read_namespaced_secret(secret.name, SYSTEM_NS).data["token"]
+    ).decode()
+    path = directory / "operator.kubeconfig"
+    path.write_text(kubeconfig_text(cluster.server, cluster.ca_cert, token, SA))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class OperatorProcess:
+    """`infertune operator` in a subprocess with the SA's kubeconfig; pods run FAKE_CLI."""
+
+    def __init__(
+        self, kubeconfig: Path, log: Path, args: Sequence[str] = ("--all-namespaces",)
+    ) -> None:
+        self.kubeconfig, self.log_path, self.args = kubeconfig, log, list(args)
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        env = {**os.environ, "KUBECONFIG": str(self.kubeconfig)}
+        env.pop("KUBERNETES_SERVICE_HOST", None)
+        argv = [
+            sys.executable, "-c", "import sys; from infertune.cli import main; sys.exit(main())",
+            "operator", *self.args,
+            "--metrics-port", str(self.metrics_port), "--monitor-tick", "2",
+            "--infertune-command", f"{sys.executable} {FAKE_CLI}",
+        ]  # fmt: skip
+        self._log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            argv, stdout=self._log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        wait_for(self._metrics_up, "operator /metrics", timeout=60)
+        return self
+
+    def _metrics_up(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(
+                f"operator exited with {self.proc.returncode}:\n{self.log()[-4000:]}"
+            )
+        try:
+            self.metrics()
+        except OSError:
+            return False
+        return True
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5
+        ) as r:
+            return str(r.read().decode())
+
+    def metric(self, name: str, **labels: str) -> float:
+        total = 0.0
+        for line in self.metrics().splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def rss_bytes(self) -> int:
+        assert self.proc is not None
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+        self.proc = None

@@ -1,0 +1,280 @@
+"""One trial: serve a configuration, load-test it with the spec's traffic, report what it did.
+
+The engine is reused when the next configuration differs only in knobs the engine can change at
+runtime. During the load test, intermediate results go to the study (for its pruner) and a trial
+whose SLO is already certain to be missed stops early: once more requests have exceeded a bound
+than the percentile allows over the whole run, no later request can rescue it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infertune.tuner.api import SLO, TuningSpec
+from infertune.tuner.candidate import Candidate
+from infertune.tuner.engines import AdapterError, EngineAdapter, get_adapter
+from infertune.tuner.hardware import Hardware
+from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
+from infertune.tuner.process import EngineProcess, TrialFailure
+
+# (step, intermediate goodput) -> True when the study's pruner wants the trial stopped.
+ReportFn = Callable[[int, float], bool]
+FIGURE_KEYS = (
+    "ttftP50Ms", "ttftP95Ms", "ttftP99Ms", "itlP50Ms", "itlP95Ms", "itlP99Ms",
+    "e2eP50Ms", "e2eP95Ms", "e2eP99Ms", "goodputRps", "requestRate", "outputTokensPerSecond",
+    "promptTokensMean", "outputTokensMean",
+)  # fmt: skip
+
+
+@dataclass
+class Measurement:
+    """What a trial measured. `status`: ok, stopped (SLO certainly missed) or failed."""
+
+    config: Candidate
+    status: str
+    reason: str | None = None
+    failure_kind: str | None = None
+    figures: dict[str, float] = field(default_factory=dict)
+    slo_met: dict[str, bool] = field(default_factory=dict)
+    margins_ms: dict[str, float] = field(default_factory=dict)
+    peak_memory_bytes: int | None = None
+    startup_s: float | None = None
+    reused_engine: bool = False
+    wall_s: float = 0.0
+    requests: int = 0
+    failed_requests: int = 0
+    saturated: bool = False
+
+    @property
+    def goodput(self) -> float:
+        return self.figures.get("goodputRps", 0.0)
+
+    @property
+    def meets_slo(self) -> bool:
+        return self.status == "ok" and bool(self.slo_met) and all(self.slo_met.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config.to_dict(),
+            "status": self.status,
+            "reason": self.reason,
+            "failure_kind": self.failure_kind,
+            "figures": self.figures,
+            "slo_met": self.slo_met,
+            "margins_ms": self.margins_ms,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "startup_s": self.startup_s,
+            "reused_engine": self.reused_engine,
+            "wall_s": self.wall_s,
+            "requests": self.requests,
+            "failed_requests": self.failed_requests,
+            "saturated": self.saturated,
+        }
+
+
+def figures_of(result: LoadResult) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metric in ("ttft", "itl", "e2e"):
+        summary = getattr(result, metric)
+        for p in ("p50", "p95", "p99"):
+            value = summary.at(p)
+            if value is not None:
+                out[f"{metric}{p.upper()}Ms"] = float(value)
+    out["goodputRps"] = float(result.goodput or 0.0)
+    out["requestRate"] = float(result.request_throughput)
+    out["outputTokensPerSecond"] = float(result.output_throughput)
+    prompt = result.prompt_tokens_server or result.prompt_tokens_requested
+    if prompt is not None:
+        out["promptTokensMean"] = float(prompt)
+    ok = [r for r in result.records if r.ok]
+    if ok:
+        out["outputTokensMean"] = sum(r.output_count for r in ok) / len(ok)
+    return out
+
+
+def slo_margins(figures: dict[str, float], slo: SLO) -> tuple[dict[str, float], dict[str, bool]]:
+    """Bound minus measured (ms) per SLO metric at its percentile; negative = missed."""
+    margins: dict[str, float] = {}
+    met: dict[str, bool] = {}
+    for metric, obj in slo.bounds().items():
+        value = figures.get(f"{metric}{obj.percentile.upper()}Ms")
+        if value is None:
+            margins[metric] = -math.inf
+            met[metric] = False
+            continue
+        margins[metric] = obj.max.ms - value
+        met[metric] = value <= obj.max.ms
+    return margins, met
+
+
+def certain_violation(snapshot: LoadResult, slo: SLO, planned: int, out_tokens: float) -> str | None:
+    """The SLO metric that the rest of the run can no longer bring back within its bound."""
+    for metric, obj in slo.bounds().items():
+        allowed_share = 1.0 - obj.quantile / 100.0
+        if metric == "itl":
+            over = sum(1 for r in snapshot.records if r.ok for g in r.itl if g > obj.max)
+            total = planned * max(out_tokens - 1.0, 1.0)
+        else:
+            attr = "ttft" if metric == "ttft" else "e2e"
+            over = sum(
+                1
+                for r in snapshot.records
+                if r.ok and (v := getattr(r, attr)) is not None and v > obj.max
+            )
+            total = float(planned)
+        over += snapshot.failed  # a failed request misses every bound
+        if over > allowed_share * total + 1:
+            return f"{metric} {obj.percentile} <= {obj.max.text}: {over} of at most {total:.0f} samples already over"
+    return None
+
+
+class TrialRunner:
+    """Runs configurations one after another, keeping the engine up when it can be reused."""
+
+    def __init__(
+        self,
+        spec: TuningSpec,
+        model_dir: Path,
+        workdir: Path,
+        hardware: Hardware,
+        *,
+        adapters: dict[str, EngineAdapter] | None = None,
+        served_model_name: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.spec = spec
+        self.model_dir = model_dir
+        self.workdir = workdir
+        self.hardware = hardware
+        self.adapters = adapters or {}
+        self.served_model_name = served_model_name or spec.model.served_name
+        self.seed = seed
+        self.engine: EngineProcess | None = None
+        self.restarts = 0
+
+    def adapter(self, engine: str) -> EngineAdapter:
+        if engine not in self.adapters:
+            self.adapters[engine] = get_adapter(engine)
+        return self.adapters[engine]
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.stop()
+            self.engine = None
+
+    def _engine_for(self, config: Candidate, timeout: float) -> tuple[EngineProcess, bool]:
+        current = self.engine
+        adapter = self.adapter(config.engine)
+        if (
+            current is not None
+            and current.alive()
+            and current.config.engine == config.engine
+            and not adapter.needs_restart(current.config, config, self.hardware)
+        ):
+            return current, True
+        self.close()
+        why = adapter.missing()
+        if why:
+            raise TrialFailure("unsupported", why)
+        try:
+            model_path = adapter.prepare_model(self.model_dir, config, self.workdir)
+            engine = EngineProcess(
+                adapter, config, model_path, self.workdir / "engines", self.hardware,
+                served_model_name=self.served_model_name,
+            )  # fmt: skip
+        except AdapterError as exc:
+            raise TrialFailure("unsupported", str(exc)) from exc
+        self.restarts += 1
+        engine.start(timeout)
+        self.engine = engine
+        return engine, False
+
+    def run(self, config: Candidate, report: ReportFn | None = None) -> Measurement:
+        started = time.monotonic()
+        timeout = float(self.spec.budget.trial_timeout)
+        deadline = started + timeout
+        try:
+            engine, reused = self._engine_for(config, timeout)
+        except TrialFailure as exc:
+            self.close()
+            return Measurement(config, "failed", exc.message, exc.kind, wall_s=time.monotonic() - started)
+        traffic = self.spec.traffic
+        planned = traffic.num_requests or int((traffic.rate or 1.0) * float(traffic.duration or 60))
+        out_tokens = traffic.output_tokens.expected
+        stop_reason: list[str] = []
+        step = [0]
+
+        def should_stop(snapshot: LoadResult) -> bool:
+            engine.sample_memory()
+            step[0] += 1
+            if time.monotonic() > deadline:
+                stop_reason.append(f"timeout: trial exceeded budget.trialTimeout={self.spec.budget.trial_timeout.text}")
+                return True
+            if not engine.alive():
+                stop_reason.append("engine died during the load test")
+                return True
+            if report is not None and report(step[0], float(snapshot.goodput or 0.0)):
+                stop_reason.append("pruned: the study's pruner stopped it")
+                return True
+            why = certain_violation(snapshot, self.spec.slo, planned, out_tokens)
+            if why:
+                stop_reason.append(f"SLO already missed: {why}")
+                return True
+            return False
+
+        tokenizer = self.model_dir if (self.model_dir / "tokenizer.json").exists() else None
+        try:
+            result = run_load_sync(
+                engine.url,
+                traffic,
+                self.spec.slo,
+                model=engine.launch.served_model_name,
+                tokenizer_dir=tokenizer,
+                options=Options(timeout=max(1.0, deadline - time.monotonic()), seed=self.seed, progress_interval=0.5),
+                should_stop=should_stop,
+            )
+        except (ValueError, OSError) as exc:
+            self.close()
+            return Measurement(config, "failed", f"load test failed: {exc}", "error", wall_s=time.monotonic() - started)
+        return self._measurement(config, engine, reused, result, stop_reason, started)
+
+    def _measurement(
+        self,
+        config: Candidate,
+        engine: EngineProcess,
+        reused: bool,
+        result: LoadResult,
+        stop_reason: list[str],
+        started: float,
+    ) -> Measurement:
+        peak = engine.sample_memory()
+        figures = figures_of(result)
+        margins, met = slo_margins(figures, self.spec.slo)
+        m = Measurement(
+            config, "ok", figures=figures, slo_met=met, margins_ms=margins,
+            peak_memory_bytes=peak or None, startup_s=engine.startup_s, reused_engine=reused,
+            requests=result.sent, failed_requests=result.failed,
+            saturated=result.saturation.saturated,
+        )  # fmt: skip
+        if not engine.alive():
+            failure = engine.failure()
+            self.close()
+            m.status, m.failure_kind, m.reason = "failed", failure.kind, failure.message
+        elif stop_reason and stop_reason[0].startswith("timeout"):
+            m.status, m.failure_kind, m.reason = "failed", "timeout", stop_reason[0]
+            self.close()
+        elif result.completed == 0:
+            m.status, m.failure_kind = "failed", "error"
+            m.reason = f"no request succeeded: {result.errors}"
+        elif stop_reason:
+            m.status, m.reason = "stopped", stop_reason[0]
+            m.slo_met = {k: False for k in met} if "SLO" in stop_reason[0] else met
+        elif result.failed:
+            m.reason = f"{result.failed} of {result.sent} requests failed: {result.errors}"
+        m.wall_s = time.monotonic() - started
+        return m
