@@ -293,9 +293,9 @@ class NodeAgent:
                 worker = self.workers.pop(uid, None)  # force-deleted (grace 0): kill what is left
                 if worker is not None:
                     worker.stop(grace=0)
-        for uid in list(self.ips):
-            if uid not in seen:
-                del self.ips[uid]
+        for table in (self.ips, self.unschedulable):
+            for uid in [u for u in table if u not in seen]:
+                del table[uid]
 
     def _terminate(self, pod: Obj, grace: float) -> None:
         """Graceful deletion as the kubelet does it: stop the containers, then delete with grace 0."""

@@ -100,7 +100,7 @@ class OperatorProcess:
         argv = [
             sys.executable, "-c", "import sys; from infertune.cli import main; sys.exit(main())",
             "operator", *self.args,
-            "--metrics-port", str(self.metrics_port), "--monitor-tick", "2",
+            "--metrics-port", str(self.metrics_port), "--monitor-tick", "2", "--drift-min-requests", "5",
             "--infertune-command", f"{sys.executable} {FAKE_CLI}",
         ]  # fmt: skip
         self._log = self.log_path.open("ab")

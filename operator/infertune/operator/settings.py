@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--storage-secret", default=env("INFERTUNE_STORAGE_SECRET"))
     p.add_argument("--tuning-service-account", default=env("INFERTUNE_TUNING_SERVICE_ACCOUNT"))
     p.add_argument("--monitor-tick", type=float, default=5.0, help="seconds between SLO checks")
+    p.add_argument(
+        "--drift-min-requests",
+        type=int,
+        default=20,
+        help="requests a check window needs before its traffic counts toward drift",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -124,6 +130,7 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         storage_secret=args.storage_secret or None,
         tuning_service_account=args.tuning_service_account or None,
         monitor_tick_s=args.monitor_tick,
+        min_requests_for_drift=args.drift_min_requests,
     )
 
 

@@ -3,7 +3,6 @@ process, so it has its own core and its timing does not depend on the client) an
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,8 +11,6 @@ import pytest
 from loadgen_helpers import ServerFactory
 
 from infertune.tuner.loadgen.scripted_server import start_process
-
-HAS_UVLOOP = importlib.util.find_spec("uvloop") is not None
 
 
 @pytest.fixture
@@ -30,7 +27,6 @@ def scripted_server() -> Iterator[ServerFactory]:
             ttft_ms or [0.0],
             itl_ms or [0.0],
             tokenizer_dir=tokenizer_dir,
-            use_uvloop=HAS_UVLOOP,
             boost=True,
         )
         procs.append(proc)

@@ -20,6 +20,7 @@ __all__ = ["build_serve_parser", "make_model_main", "parse_size", "serve_main"]
 QUANTIZATIONS = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
 MODEL_SIZES = ("tiny", "small", "medium")
 DEFAULT_KV_CACHE = "256MiB"
+DEFAULT_GPU_UTILIZATION = 0.9
 _UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -84,12 +85,13 @@ def build_serve_parser() -> argparse.ArgumentParser:
     mem.add_argument(
         "--kv-cache-memory",
         type=parse_size,
-        help=f"bytes for the paged KV cache, e.g. 512MiB (default {DEFAULT_KV_CACHE})",
+        help=f"bytes for the paged KV cache, e.g. 512MiB (default on CPU: {DEFAULT_KV_CACHE})",
     )
     mem.add_argument(
         "--gpu-memory-utilization",
         type=_fraction,
-        help="CUDA only: fraction of GPU memory for weights + KV cache (the rest is left free)",
+        help="CUDA only: fraction of GPU memory for weights + KV cache, the rest left free "
+        f"(default on CUDA: {DEFAULT_GPU_UTILIZATION}, as vLLM)",
     )
     p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
@@ -131,8 +133,13 @@ def _device(name: str) -> str:
 
 def _kv_cache_bytes(args: argparse.Namespace, model_dir: Path, device: str) -> int:
     """Bytes for the KV cache from --kv-cache-memory or --gpu-memory-utilization."""
-    if args.gpu_memory_utilization is None:
-        return int(args.kv_cache_memory or parse_size(DEFAULT_KV_CACHE))
+    if args.kv_cache_memory is not None:
+        return int(args.kv_cache_memory)
+    utilization = args.gpu_memory_utilization
+    if utilization is None:
+        if not device.startswith("cuda"):
+            return parse_size(DEFAULT_KV_CACHE)
+        utilization = DEFAULT_GPU_UTILIZATION
     if not device.startswith("cuda"):
         raise SystemExit(
             "--gpu-memory-utilization applies to CUDA devices only; on "
@@ -140,19 +147,24 @@ def _kv_cache_bytes(args: argparse.Namespace, model_dir: Path, device: str) -> i
         )
     import torch
 
-    from infertune.engine.config import LlamaConfig, weight_bytes
+    from infertune.engine.config import LlamaConfig, kv_bytes_per_token, weight_bytes
 
+    cfg = LlamaConfig.from_dir(model_dir)
     free, total = torch.cuda.mem_get_info(torch.device(device))
-    weights = weight_bytes(LlamaConfig.from_dir(model_dir), args.quantization)
+    weights = weight_bytes(cfg, args.quantization)
     # Activations and allocator slack for one max_num_batched_tokens step (generous).
     reserve = 256 * 2**20 + 64 * args.max_num_batched_tokens * 2**10
-    budget = int(args.gpu_memory_utilization * total) - (total - free) - weights - reserve
+    budget = int(utilization * total) - (total - free) - weights - reserve
     if budget <= 0:
         raise SystemExit(
-            f"--gpu-memory-utilization {args.gpu_memory_utilization} leaves no room for a KV "
+            f"--gpu-memory-utilization {utilization} leaves no room for a KV "
             f"cache ({(total - free) / 2**30:.1f} GiB in use, weights {weights / 2**30:.2f} GiB)"
         )
-    return int(budget)
+    # More blocks than every running sequence at full context can use is wasted memory (and a
+    # long free list); fp32 bytes per token make this an upper bound for every precision.
+    max_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    useful = args.max_num_seqs * max_len * kv_bytes_per_token(cfg, "fp32")
+    return int(min(budget, useful))
 
 
 def serve_main(argv: list[str]) -> int:
@@ -167,6 +179,14 @@ def serve_main(argv: list[str]) -> int:
     from infertune.engine.server import EngineServer
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    if args.max_num_batched_tokens < args.max_num_seqs:
+        log.warning(
+            "--max-num-batched-tokens %d < --max-num-seqs %d: at most %d sequences can decode "
+            "per step, so the newest running ones wait",
+            args.max_num_batched_tokens,
+            args.max_num_seqs,
+            args.max_num_batched_tokens,
+        )
     model_dir = _model_dir(args.model)
     device = _device(args.device)
     try:

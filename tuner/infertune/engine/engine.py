@@ -279,6 +279,7 @@ class Engine:
                 events.append((self._requests[seq.seq_id], TokenEvent(tok, now)))
             else:
                 events.append((self._requests.pop(seq.seq_id), self._final(seq, tok, time=now)))
+        self._update_stats()  # before delivery: a client that saw its last token sees it gone
         for req, event in events:
             if not req.reported_queue_time and req.scheduled_at is not None:
                 event.queue_time = req.scheduled_at - req.arrival

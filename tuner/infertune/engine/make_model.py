@@ -47,6 +47,8 @@ RECIPE_VERSION = 1
 INIT_GAIN = 1.0
 HEAD_MODE = "random"
 HEAD_NOISE = 0.0
+QK_GAIN = 1.0
+VO_GAIN = 1.0
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>")
 BYTE_TOKENS = tuple(f"<0x{b:02X}>" for b in range(256))
 CHAT_TEMPLATE = (
@@ -137,8 +139,8 @@ def random_weights(spec: ModelSize, seed: int) -> dict[str, torch.Tensor]:
     head_dim = spec.hidden_size // spec.num_attention_heads
     h, inter = spec.hidden_size, spec.intermediate_size
 
-    def normal(out_f: int, in_f: int) -> torch.Tensor:
-        return torch.randn(out_f, in_f, generator=gen) * (INIT_GAIN / in_f**0.5)
+    def normal(out_f: int, in_f: int, gain: float = INIT_GAIN) -> torch.Tensor:
+        return torch.randn(out_f, in_f, generator=gen) * (gain / in_f**0.5)
 
     def norm_weight() -> torch.Tensor:
         # Near 1 but not all-ones, so a norm applied to the wrong tensor changes the output.
@@ -148,10 +150,10 @@ def random_weights(spec: ModelSize, seed: int) -> dict[str, torch.Tensor]:
     for i in range(spec.num_hidden_layers):
         p = f"model.layers.{i}"
         tensors[f"{p}.input_layernorm.weight"] = norm_weight()
-        tensors[f"{p}.self_attn.q_proj.weight"] = normal(spec.num_attention_heads * head_dim, h)
-        tensors[f"{p}.self_attn.k_proj.weight"] = normal(spec.num_key_value_heads * head_dim, h)
-        tensors[f"{p}.self_attn.v_proj.weight"] = normal(spec.num_key_value_heads * head_dim, h)
-        tensors[f"{p}.self_attn.o_proj.weight"] = normal(h, spec.num_attention_heads * head_dim)
+        tensors[f"{p}.self_attn.q_proj.weight"] = normal(spec.num_attention_heads * head_dim, h, QK_GAIN)
+        tensors[f"{p}.self_attn.k_proj.weight"] = normal(spec.num_key_value_heads * head_dim, h, QK_GAIN)
+        tensors[f"{p}.self_attn.v_proj.weight"] = normal(spec.num_key_value_heads * head_dim, h, VO_GAIN)
+        tensors[f"{p}.self_attn.o_proj.weight"] = normal(h, spec.num_attention_heads * head_dim, VO_GAIN)
         tensors[f"{p}.post_attention_layernorm.weight"] = norm_weight()
         tensors[f"{p}.mlp.gate_proj.weight"] = normal(inter, h)
         tensors[f"{p}.mlp.up_proj.weight"] = normal(inter, h)

@@ -206,6 +206,7 @@ class EngineServer:
         )
         await resp.prepare(request)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        encode = _ChunkEncoder(rid, chat, self.model_name, stream.request.include_usage)
         first = True
         while not stream.done:
             events = [await stream.queue.get()]
@@ -217,8 +218,7 @@ class EngineServer:
                     break
                 delta = self._record(stream, event)
                 finish = stream.finish_reason if stream.done else None
-                chunk = self._chunk(rid, chat, delta, finish, first, stream)
-                out += b"data: " + json.dumps(chunk).encode() + b"\n\n"
+                out += encode(delta, finish, first)
                 first = False
             if stream.done:
                 if stream.error is not None:
@@ -241,21 +241,6 @@ class EngineServer:
             "model": self.model_name,
             "choices": choices,
         }
-
-    def _chunk(
-        self, rid: str, chat: bool, text: str, finish: str | None, first: bool, stream: _Stream
-    ) -> dict[str, Any]:
-        if chat:
-            delta: dict[str, Any] = {"content": text}
-            if first:
-                delta["role"] = "assistant"
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-        body = self._envelope(rid, chat, [choice])
-        if stream.request.include_usage:
-            body["usage"] = None
-        return body
 
     def _full_body(self, stream: _Stream, chat: bool) -> dict[str, Any]:
         if chat:
@@ -280,6 +265,29 @@ class EngineServer:
             "choices": [choice],
             "usage": stream.usage(),
         }
+
+
+class _ChunkEncoder:
+    """SSE ``data:`` lines for one stream; the fixed JSON around each token is built once.
+
+    The bytes are those of ``json.dumps`` of the chunk object (same keys, same order), only
+    without re-serialising the id, model and timestamps for every token.
+    """
+
+    def __init__(self, rid: str, chat: bool, model: str, include_usage: bool) -> None:
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        head = {"id": rid, "object": obj, "created": int(time.time()), "model": model}
+        self.prefix = "data: " + json.dumps(head)[:-1] + ', "choices": [{"index": 0, '
+        self.chat = chat
+        self.suffix = "}]" + (', "usage": null' if include_usage else "") + "}\n\n"
+
+    def __call__(self, text: str, finish: str | None, first: bool) -> bytes:
+        if self.chat:
+            role = ', "role": "assistant"' if first else ""
+            body = f'"delta": {{"content": {json.dumps(text)}{role}}}'
+        else:
+            body = f'"text": {json.dumps(text)}, "logprobs": null'
+        return (f'{self.prefix}{body}, "finish_reason": {json.dumps(finish)}{self.suffix}').encode()
 
 
 async def start_server(server: EngineServer, host: str, port: int) -> tuple[web.AppRunner, int]:

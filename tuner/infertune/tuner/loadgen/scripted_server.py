@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -90,7 +92,6 @@ class _Handler(asyncio.Protocol):
         self.busy = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not asyncio.Transport subclasses, only alike.
         self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
         if sock is not None:
@@ -252,6 +253,28 @@ def boost_priority() -> bool:
         return False
 
 
+@contextlib.contextmanager
+def boosted_priority() -> Iterator[None]:
+    """Run the block ahead of ordinary work when allowed (root), as `--boost` does for the server.
+
+    Timing tests measure the generator, not whatever else shares this machine's two cores (a
+    compiler, another engineer's cluster). Real-time FIFO where permitted (the kernel still leaves
+    others 5% of each core), else nice -10, else as it is; restored afterwards.
+    """
+    policy, nice = os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.sched_setscheduler(0, policy, os.sched_param(0))
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+
 def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x.strip()]
 
@@ -263,7 +286,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--itl-ms", default="0", help="comma-separated, cycled per request")
     parser.add_argument("--tokenizer", type=Path, default=None, help="dir with tokenizer.json")
     parser.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU")
-    parser.add_argument("--uvloop", action="store_true")
     parser.add_argument(
         "--boost", action="store_true", help="raise scheduling priority (root) to keep the script"
     )
@@ -288,12 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         await loop.run_in_executor(None, sys.stdin.read)
         srv.close()
 
-    if args.uvloop:
-        import uvloop
-
-        uvloop.run(run())
-    else:
-        asyncio.run(run())
+    asyncio.run(run())
     return 0
 
 
@@ -303,7 +320,6 @@ def start_process(
     *,
     tokenizer_dir: Path | None = None,
     cpu: int | None = None,
-    use_uvloop: bool = False,
     boost: bool = False,
 ) -> tuple[Any, int]:
     """Start the server in a child process; returns (Popen, port). Close its stdin to stop it."""
@@ -322,15 +338,12 @@ def start_process(
         cmd += ["--tokenizer", str(tokenizer_dir)]
     if cpu is not None:
         cmd += ["--cpu", str(cpu)]
-    if use_uvloop:
-        cmd.append("--uvloop")
     if boost:
         cmd.append("--boost")
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    deadline = time.monotonic() + 30
-    line = proc.stdout.readline()
-    if not line.startswith("PORT ") or time.monotonic() > deadline:
+    line = proc.stdout.readline()  # the port once listening, or "" if it died first
+    if not line.startswith("PORT "):
         proc.kill()
         raise RuntimeError(f"scripted server did not start (said {line!r})")
     return proc, int(line.split()[1])
