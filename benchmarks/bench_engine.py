@@ -37,7 +37,7 @@ from typing import Any
 from infertune.engine.config import LlamaConfig, weight_bytes
 from infertune.engine.make_model import ensure_model
 from infertune.tuner.api import TrafficProfile
-from infertune.tuner.loadgen import LoadResult, run_load_sync
+from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
 
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 64
@@ -99,7 +99,9 @@ def load(url: str, concurrency: int, model_dir: Path, model: str) -> LoadResult:
             "outputTokens": {"mean": OUTPUT_TOKENS},
         }
     )
-    result = run_load_sync(url, traffic, model=model, tokenizer_dir=model_dir)
+    # Greedy, like the HF baseline (the server's default is OpenAI's temperature 1.0).
+    opts = Options(extra_body={"temperature": 0.0})
+    result = run_load_sync(url, traffic, model=model, tokenizer_dir=model_dir, options=opts)
     if result.failed:
         raise RuntimeError(
             f"{result.failed} requests failed at concurrency {concurrency}: {result.errors}"

@@ -268,15 +268,16 @@ def test_relabelled_serving_node_triggers_a_hardware_retune(
         agent.relabel(node, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
 
 
-def _drive(url: str, prompt: str, stop: threading.Event, sent: list[int]) -> None:
+def _drive(url: str, prompt: str, stop: threading.Event, sent: list[int], errors: list[str]) -> None:
     body = json.dumps({"model": "tiny-llama", "prompt": prompt, "max_tokens": 8}).encode()
     while not stop.is_set():
         req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=30) as r:
+            with urllib.request.urlopen(req, timeout=60) as r:
                 r.read()
             sent.append(1)
-        except OSError:
+        except Exception as exc:
+            errors.append(repr(exc)[:200])
             time.sleep(0.2)
         time.sleep(0.1)
 
@@ -313,10 +314,10 @@ def test_real_traffic_with_longer_prompts_drifts_and_a_better_config_rolls_out(
         .items[0]
     )
     url = f"http://{pod.status.pod_ip}:8000/v1/completions"
-    prompt = " ".join(f"word{i % 50}" for i in range(350))
-    stop, sent = threading.Event(), []
+    prompt = " ".join(f"word{i % 50}" for i in range(120))  # ~300 tokens: one prefill chunk
+    stop, sent, errors = threading.Event(), [], []
     drivers = [
-        threading.Thread(target=_drive, args=(url, prompt, stop, sent), daemon=True)
+        threading.Thread(target=_drive, args=(url, prompt, stop, sent, errors), daemon=True)
         for _ in range(3)
     ]
     for t in drivers:
@@ -329,7 +330,7 @@ def test_real_traffic_with_longer_prompts_drifts_and_a_better_config_rolls_out(
     except AssertionError as exc:
         status = json.dumps(isvc(api, namespace, "drift")["status"], indent=1)[-3000:]
         raise AssertionError(
-            f"{exc}; {sum(sent)} requests sent\nstatus: {status}\nlog: {operator.log()[-2000:]}"
+            f"{exc}; {sum(sent)} requests sent, errors {errors[-3:]}\nstatus: {status}\nlog: {operator.log()[-2000:]}"
         ) from None
     finally:
         stop.set()

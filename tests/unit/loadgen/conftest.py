@@ -15,18 +15,20 @@ from infertune.tuner.loadgen.scripted_server import start_process
 
 @pytest.fixture
 def scripted_server() -> Iterator[ServerFactory]:
-    """start(ttft_ms=[...], itl_ms=[...], tokenizer_dir=None) -> base URL; stopped after the test."""
+    """start(ttft_ms, itl_ms, tokenizer_dir=None, slots=None) -> base URL; stopped after the test."""
     procs: list[Any] = []
 
     def start(
         ttft_ms: list[float] | None = None,
         itl_ms: list[float] | None = None,
         tokenizer_dir: Path | None = None,
+        slots: int | None = None,
     ) -> str:
         proc, port = start_process(
             ttft_ms or [0.0],
             itl_ms or [0.0],
             tokenizer_dir=tokenizer_dir,
+            slots=slots,
             boost=True,
         )
         procs.append(proc)

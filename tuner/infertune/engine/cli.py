@@ -12,6 +12,7 @@ import os
 import re
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -168,14 +169,14 @@ def _kv_cache_bytes(args: argparse.Namespace, model_dir: Path, device: str) -> i
 
 
 def serve_main(argv: list[str]) -> int:
+    started = time.perf_counter()
     args = build_serve_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     import torch
     from tokenizers import Tokenizer
 
-    from infertune.engine.config import ConfigError
     from infertune.engine.engine import Engine
-    from infertune.engine.runner import ModelRunner, UnsupportedConfig
+    from infertune.engine.runner import ModelRunner
     from infertune.engine.server import EngineServer
 
     torch.set_num_threads(args.threads or os.cpu_count() or 1)
@@ -201,7 +202,7 @@ def serve_main(argv: list[str]) -> int:
             seed=args.seed,
             int4_group_size=args.int4_group_size,
         )
-    except (UnsupportedConfig, ConfigError) as exc:
+    except ValueError as exc:  # ConfigError / UnsupportedConfig: a knob this setup cannot run
         print(f"infertune serve: {exc}", file=sys.stderr)
         return 2
     cfg = runner.config
@@ -216,17 +217,21 @@ def serve_main(argv: list[str]) -> int:
         eos_token_ids=cfg.eos_token_ids,
         max_waiting=args.max_waiting,
     )
+    loaded = time.perf_counter()
     engine.warmup()
+    warmed = time.perf_counter()
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     name = args.served_model_name or model_dir.name
     server = EngineServer(engine, tokenizer, model_name=name, model_dir=model_dir)
     log.info(
-        "%s: %s, %d KV blocks of %d tokens, weights %.1f MiB",
+        "%s: %s, %d KV blocks of %d tokens, weights %.1f MiB; imports+load %.2f s, warm-up %.2f s",
         name,
         args.quantization,
         runner.num_kv_blocks,
         args.kv_block_size,
         runner.weight_bytes() / 2**20,
+        loaded - started,
+        warmed - loaded,
     )
     try:
         asyncio.run(_serve(server, args.host, args.port))

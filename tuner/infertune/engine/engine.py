@@ -247,6 +247,7 @@ class Engine:
         for seq_id in aborts:
             seq = sched.abort(seq_id)
             if seq is not None:
+                self._update_stats()
                 self._deliver([(self._requests.pop(seq_id), self._final(seq, []))])
         step = sched.schedule()
         if step.inputs:
@@ -267,6 +268,7 @@ class Engine:
         except Exception as exc:  # never let one bad batch kill the server
             log.exception("engine step failed; aborting its %d requests", len(step.seqs))
             failed = self.scheduler.fail(step)
+            self._update_stats()
             self._deliver(
                 [(self._requests.pop(s.seq_id), self._final(s, [], f"{exc}")) for s in failed]
             )

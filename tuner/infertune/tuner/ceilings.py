@@ -64,7 +64,9 @@ def measure_matmul(device: str, dtype: str, n_max: int, min_seconds: float = 0.0
         a = torch.randn(n, n, device=device).to(_TORCH_DTYPES[dtype])
         b = torch.randn(n, n, device=device).to(_TORCH_DTYPES[dtype])
         out = torch.empty(n, n, device=device, dtype=_TORCH_DTYPES[dtype])
-        seconds = _best_seconds(lambda: torch.mm(a, b, out=out), device, repeats=3)
+        seconds = _best_seconds(
+            lambda a=a, b=b, out=out: torch.mm(a, b, out=out), device, repeats=3
+        )
         if seconds >= min_seconds or n * 2 > n_max:
             return 2 * n**3 / seconds
         n *= 2

@@ -144,7 +144,11 @@ def _cpu_model() -> tuple[str, str | None]:
     except OSError:
         return platform.processor() or platform.machine(), None
     model = next(
-        (line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")),
+        (
+            line.split(":", 1)[1].strip()
+            for line in text.splitlines()
+            if line.startswith("model name")
+        ),
         platform.processor() or platform.machine(),
     )
     flags = next((line for line in text.splitlines() if line.startswith("flags")), "")

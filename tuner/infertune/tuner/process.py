@@ -1,7 +1,7 @@
 """One engine server process: start from an adapter's argv, wait for health, sample memory, stop.
 
 Only this module (and the llama.cpp converter) starts subprocesses. Failures become a
-:class:`TrialFailure` whose `kind` (crash, oom, timeout, unsupported) the study records.
+:class:`TrialError` whose `kind` (crash, oom, timeout, unsupported) the study records.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ _OOM_MARKERS = ("out of memory", "outofmemoryerror", "cannot allocate memory", "
 _UNSUPPORTED_MARKERS = ("unsupportedconfig", "not supported", "is not one of", "needs a cuda")
 
 
-class TrialFailure(Exception):
+class TrialError(Exception):
     def __init__(self, kind: str, message: str) -> None:
         self.kind = kind
         self.message = message
@@ -94,7 +94,7 @@ class EngineProcess:
             return ""
 
     def start(self, timeout: float) -> float:
-        """Start and wait for health; the start-up time in seconds, or raise TrialFailure."""
+        """Start and wait for health; the start-up time in seconds, or raise TrialError."""
         argv = local_argv(self.launch.argv)
         env = {**os.environ, **self.launch.env}
         started = time.monotonic()
@@ -107,8 +107,9 @@ class EngineProcess:
             code = self.proc.poll()
             if code is not None:
                 tail = self.log_tail()
-                raise TrialFailure(
-                    classify_exit(code, tail), f"engine exited with code {code} before ready: {_last_lines(tail)}"
+                raise TrialError(
+                    classify_exit(code, tail),
+                    f"engine exited with code {code} before ready: {_last_lines(tail)}",
                 )
             if self._healthy():
                 self.startup_s = time.monotonic() - started
@@ -116,7 +117,9 @@ class EngineProcess:
                 return self.startup_s
             time.sleep(0.2)
         self.stop()
-        raise TrialFailure("timeout", f"engine not healthy after {timeout:.0f}s: {_last_lines(self.log_tail())}")
+        raise TrialError(
+            "timeout", f"engine not healthy after {timeout:.0f}s: {_last_lines(self.log_tail())}"
+        )
 
     def _healthy(self) -> bool:
         try:
@@ -128,10 +131,12 @@ class EngineProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def failure(self) -> TrialFailure:
+    def failure(self) -> TrialError:
         code = None if self.proc is None else self.proc.poll()
         tail = self.log_tail()
-        return TrialFailure(classify_exit(code, tail), f"engine died (exit {code}): {_last_lines(tail)}")
+        return TrialError(
+            classify_exit(code, tail), f"engine died (exit {code}): {_last_lines(tail)}"
+        )
 
     def sample_memory(self) -> int:
         """Peak memory so far: GPU memory of the process (NVML) or the resident set's high-water mark."""

@@ -178,12 +178,12 @@ def predict(
     law gives b = arrival rate x e2e; the fixed point is found by iteration. Crude, but it ranks the
     knobs in the right order, which is all the seeding needs.
     """
-    chunk = max(1, min(max_num_batched_tokens, int(math.ceil(prompt_tokens))))
+    chunk = max(1, min(max_num_batched_tokens, math.ceil(prompt_tokens)))
     prefill_steps = math.ceil(prompt_tokens / chunk)
     if rate is None:  # closed loop: the running batch is the concurrency, capped by the engine
         b = float(min(max_num_seqs, concurrency or 1))
         for _ in range(50):
-            itl = step.step_ms(int(math.ceil(b))) + step.per_token_ms * prompt_tokens * b / max(
+            itl = step.step_ms(math.ceil(b)) + step.per_token_ms * prompt_tokens * b / max(
                 output_tokens, 1
             )
             ttft = prefill_steps * step.step_ms(chunk + int(b))
@@ -199,8 +199,8 @@ def predict(
     for _ in range(100):
         running = min(b, float(max_num_seqs))
         # Prefill tokens per step spread over the decode steps of the running requests.
-        prefill_share = rate * prompt_tokens * step.step_ms(int(math.ceil(running))) / 1e3
-        itl = step.step_ms(int(math.ceil(running))) + step.per_token_ms * min(
+        prefill_share = rate * prompt_tokens * step.step_ms(math.ceil(running)) / 1e3
+        itl = step.step_ms(math.ceil(running)) + step.per_token_ms * min(
             prefill_share, max_num_batched_tokens
         )
         ttft = prefill_steps * step.step_ms(chunk + int(running))

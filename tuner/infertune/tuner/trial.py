@@ -20,15 +20,26 @@ from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines import AdapterError, EngineAdapter, get_adapter
 from infertune.tuner.hardware import Hardware
 from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
-from infertune.tuner.process import EngineProcess, TrialFailure
+from infertune.tuner.process import EngineProcess, TrialError
 
 # (step, intermediate goodput) -> True when the study's pruner wants the trial stopped.
 ReportFn = Callable[[int, float], bool]
 FIGURE_KEYS = (
-    "ttftP50Ms", "ttftP95Ms", "ttftP99Ms", "itlP50Ms", "itlP95Ms", "itlP99Ms",
-    "e2eP50Ms", "e2eP95Ms", "e2eP99Ms", "goodputRps", "requestRate", "outputTokensPerSecond",
-    "promptTokensMean", "outputTokensMean",
-)  # fmt: skip
+    "ttftP50Ms",
+    "ttftP95Ms",
+    "ttftP99Ms",
+    "itlP50Ms",
+    "itlP95Ms",
+    "itlP99Ms",
+    "e2eP50Ms",
+    "e2eP95Ms",
+    "e2eP99Ms",
+    "goodputRps",
+    "requestRate",
+    "outputTokensPerSecond",
+    "promptTokensMean",
+    "outputTokensMean",
+)
 
 
 @dataclass
@@ -112,7 +123,9 @@ def slo_margins(figures: dict[str, float], slo: SLO) -> tuple[dict[str, float], 
     return margins, met
 
 
-def certain_violation(snapshot: LoadResult, slo: SLO, planned: int, out_tokens: float) -> str | None:
+def certain_violation(
+    snapshot: LoadResult, slo: SLO, planned: int, out_tokens: float
+) -> str | None:
     """The SLO metric that the rest of the run can no longer bring back within its bound."""
     for metric, obj in slo.bounds().items():
         allowed_share = 1.0 - obj.quantile / 100.0
@@ -180,15 +193,19 @@ class TrialRunner:
         self.close()
         why = adapter.missing()
         if why:
-            raise TrialFailure("unsupported", why)
+            raise TrialError("unsupported", why)
         try:
             model_path = adapter.prepare_model(self.model_dir, config, self.workdir)
             engine = EngineProcess(
-                adapter, config, model_path, self.workdir / "engines", self.hardware,
+                adapter,
+                config,
+                model_path,
+                self.workdir / "engines",
+                self.hardware,
                 served_model_name=self.served_model_name,
-            )  # fmt: skip
+            )
         except AdapterError as exc:
-            raise TrialFailure("unsupported", str(exc)) from exc
+            raise TrialError("unsupported", str(exc)) from exc
         self.restarts += 1
         engine.start(timeout)
         self.engine = engine
@@ -200,9 +217,11 @@ class TrialRunner:
         deadline = started + timeout
         try:
             engine, reused = self._engine_for(config, timeout)
-        except TrialFailure as exc:
+        except TrialError as exc:
             self.close()
-            return Measurement(config, "failed", exc.message, exc.kind, wall_s=time.monotonic() - started)
+            return Measurement(
+                config, "failed", exc.message, exc.kind, wall_s=time.monotonic() - started
+            )
         traffic = self.spec.traffic
         planned = traffic.num_requests or int((traffic.rate or 1.0) * float(traffic.duration or 60))
         out_tokens = traffic.output_tokens.expected
@@ -213,7 +232,9 @@ class TrialRunner:
             engine.sample_memory()
             step[0] += 1
             if time.monotonic() > deadline:
-                stop_reason.append(f"timeout: trial exceeded budget.trialTimeout={self.spec.budget.trial_timeout.text}")
+                stop_reason.append(
+                    f"timeout: trial exceeded budget.trialTimeout={self.spec.budget.trial_timeout.text}"
+                )
                 return True
             if not engine.alive():
                 stop_reason.append("engine died during the load test")
@@ -235,12 +256,22 @@ class TrialRunner:
                 self.spec.slo,
                 model=engine.launch.served_model_name,
                 tokenizer_dir=tokenizer,
-                options=Options(timeout=max(1.0, deadline - time.monotonic()), seed=self.seed, progress_interval=0.5),
+                options=Options(
+                    timeout=max(1.0, deadline - time.monotonic()),
+                    seed=self.seed,
+                    progress_interval=0.5,
+                ),
                 should_stop=should_stop,
             )
         except (ValueError, OSError) as exc:
             self.close()
-            return Measurement(config, "failed", f"load test failed: {exc}", "error", wall_s=time.monotonic() - started)
+            return Measurement(
+                config,
+                "failed",
+                f"load test failed: {exc}",
+                "error",
+                wall_s=time.monotonic() - started,
+            )
         return self._measurement(config, engine, reused, result, stop_reason, started)
 
     def _measurement(
@@ -256,11 +287,18 @@ class TrialRunner:
         figures = figures_of(result)
         margins, met = slo_margins(figures, self.spec.slo)
         m = Measurement(
-            config, "ok", figures=figures, slo_met=met, margins_ms=margins,
-            peak_memory_bytes=peak or None, startup_s=engine.startup_s, reused_engine=reused,
-            requests=result.sent, failed_requests=result.failed,
+            config,
+            "ok",
+            figures=figures,
+            slo_met=met,
+            margins_ms=margins,
+            peak_memory_bytes=peak or None,
+            startup_s=engine.startup_s,
+            reused_engine=reused,
+            requests=result.sent,
+            failed_requests=result.failed,
             saturated=result.saturation.saturated,
-        )  # fmt: skip
+        )
         if not engine.alive():
             failure = engine.failure()
             self.close()

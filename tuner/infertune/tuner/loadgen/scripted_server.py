@@ -24,7 +24,8 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -49,12 +50,21 @@ _CHAT_LAST = _event({"index": 0, "delta": {"content": " t"}, "finish_reason": "l
 
 class ScriptedServer:
     def __init__(
-        self, ttft_ms: list[float], itl_ms: list[float], tokenizer: Any | None = None
+        self,
+        ttft_ms: list[float],
+        itl_ms: list[float],
+        tokenizer: Any | None = None,
+        slots: int | None = None,
     ) -> None:
         self.ttft = [t / 1e3 for t in ttft_ms] or [0.0]
         self.itl = [t / 1e3 for t in itl_ms] or [0.0]
         self.tokenizer = tokenizer
         self.count = 0
+        # With `slots`, at most that many streams run at once and the rest wait in arrival order,
+        # like an engine at its batch limit: a finite capacity, so latency rises with the rate.
+        self.slots = slots
+        self.active = 0
+        self.waiting: deque[Callable[[], None]] = deque()
         # Ground truth as it happened: (request read, [token write times]) on perf_counter's clock,
         # which is CLOCK_MONOTONIC and so shared with the client process.
         self.log: list[tuple[float, list[float]]] = []
@@ -166,8 +176,9 @@ class _Handler(asyncio.Protocol):
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n"
         )
+        read = time.perf_counter()
         stream = _Stream(
-            start=time.perf_counter(),
+            start=read,
             ttft=srv.ttft[i % len(srv.ttft)],
             itl=srv.itl[i % len(srv.itl)],
             n=n,
@@ -176,8 +187,22 @@ class _Handler(asyncio.Protocol):
             fault_at={"malformed": 1, "error-event": 1, "disconnect": 2}.get(model),
             model=model,
         )
-        srv.log.append((stream.start, stream.emits))
+        srv.log.append((read, stream.emits))
+        if srv.slots is not None and srv.active >= srv.slots:
+            srv.waiting.append(lambda: self._begin(stream))
+        else:
+            self._begin(stream)
+
+    def _begin(self, stream: _Stream) -> None:
+        self.server.active += 1
+        stream.start = time.perf_counter()  # the script runs from when a slot is free
         self._arm(stream)
+
+    def _release(self) -> None:
+        srv = self.server
+        srv.active -= 1
+        if srv.waiting:
+            srv.waiting.popleft()()
 
     def _arm(self, stream: _Stream) -> None:
         # One timer at a time per stream, at an absolute time: tokens cannot overtake each other
@@ -210,10 +235,12 @@ class _Handler(asyncio.Protocol):
         stream.emits.append(time.perf_counter())
         self._send(out)
         if last:
+            self._release()
             self.busy = False
             self._next()
 
     def _fault(self, model: str) -> None:
+        self._release()
         if model == "disconnect":
             if self.transport is not None:
                 self.transport.abort()
@@ -286,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--itl-ms", default="0", help="comma-separated, cycled per request")
     parser.add_argument("--tokenizer", type=Path, default=None, help="dir with tokenizer.json")
     parser.add_argument("--cpu", type=int, default=None, help="pin the server to this CPU")
+    parser.add_argument("--slots", type=int, default=None, help="streams served at once")
     parser.add_argument(
         "--boost", action="store_true", help="raise scheduling priority (root) to keep the script"
     )
@@ -299,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         from tokenizers import Tokenizer
 
         tokenizer = Tokenizer.from_file(str(args.tokenizer / "tokenizer.json"))
-    scripted = ScriptedServer(_floats(args.ttft_ms), _floats(args.itl_ms), tokenizer)
+    scripted = ScriptedServer(_floats(args.ttft_ms), _floats(args.itl_ms), tokenizer, args.slots)
 
     async def run() -> None:
         srv = await serve(scripted, port=args.port)
@@ -321,6 +349,7 @@ def start_process(
     tokenizer_dir: Path | None = None,
     cpu: int | None = None,
     boost: bool = False,
+    slots: int | None = None,
 ) -> tuple[Any, int]:
     """Start the server in a child process; returns (Popen, port). Close its stdin to stop it."""
     import subprocess
@@ -340,6 +369,8 @@ def start_process(
         cmd += ["--cpu", str(cpu)]
     if boost:
         cmd.append("--boost")
+    if slots is not None:
+        cmd += ["--slots", str(slots)]
     proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     line = proc.stdout.readline()  # the port once listening, or "" if it died first

@@ -1,0 +1,164 @@
+"""`infertune tune SPEC`: the standalone tuner and the operator's tuning Job share this entry point.
+
+Exit codes: 0 when the study ran (status succeeded or infeasible: the operator reads which from the
+termination message), 1 when it failed (the Job retries and the study resumes from storage),
+2 for an unusable spec or flag.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+from infertune.tuner.api.load import SpecError, load_tuning_spec
+from infertune.tuner.result import TuningResult, compact_summary, summary_json
+from infertune.tuner.search import Evaluation
+
+STORAGE_ENV = "INFERTUNE_STORAGE_URL"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="infertune tune",
+        description="Profile a model, search serving configurations against the SLOs, report the winner.",
+    )
+    p.add_argument("spec", type=Path, help="TuningSpec or InferenceService YAML")
+    p.add_argument("--study-name", help="Optuna study name (default: <file stem>-<spec hash>)")
+    p.add_argument(
+        "--storage",
+        default=os.environ.get(STORAGE_ENV),
+        help=f"memory, sqlite:///PATH, journal:///PATH or postgresql://... (default: ${STORAGE_ENV}, "
+        "else sqlite under --out so a rerun resumes)",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("reports/tune"), help="result and report folder"
+    )
+    p.add_argument("--termination-message", type=Path, help="write the compact JSON summary here")
+    p.add_argument("--max-trials", type=int, help="override budget.maxTrials")
+    p.add_argument("--no-profile", action="store_true", help="skip ceilings, profile and seeding")
+    p.add_argument("--no-quality", action="store_true", help="skip the quality guard")
+    p.add_argument("--cpu", action="store_true", help="ignore GPUs (NVML)")
+    p.add_argument("--quiet", action="store_true", help="only the final summary")
+    return p
+
+
+def spec_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:8]
+
+
+class Progress:
+    """One line per trial: a bar, n/N, the configuration, what it measured, the best so far."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+
+    def __call__(self, done: int, total: int, ev: Evaluation, best: float | None) -> None:
+        if self.quiet:
+            return
+        width = 20
+        filled = min(width, round(width * done / max(total, 1)))
+        bar = "#" * filled + "-" * (width - filled)
+        if ev.figures:
+            what = (
+                f"goodput {ev.figures.get('goodputRps', 0):.2f} req/s, ttft p95 "
+                f"{ev.figures.get('ttftP95Ms', float('nan')):.0f}ms, itl p95 {ev.figures.get('itlP95Ms', float('nan')):.1f}ms"
+            )
+        else:
+            what = (ev.reason or "")[:90]
+        best_s = "none feasible yet" if best is None else f"{best:.2f}"
+        print(
+            f"[{bar}] trial {done}/{total} {ev.config.label()}: {ev.outcome} {what} | best {best_s}",
+            flush=True,
+        )
+
+
+def _write_outputs(result: TuningResult, out: Path, termination: Path | None) -> Path | None:
+    from infertune.tuner.report import write_report
+
+    out.mkdir(parents=True, exist_ok=True)
+    report: Path | None = None
+    try:
+        report = write_report(result, out, result.importance)
+        result.report_path = str(report)
+    except ImportError as exc:  # matplotlib is an optional extra
+        print(
+            f"infertune tune: no report plots ({exc}); install infertune[report]", file=sys.stderr
+        )
+    (out / "result.json").write_text(result.to_json())
+    (out / "summary.json").write_text(json.dumps(compact_summary(result), indent=2))
+    if termination is not None:
+        termination.parent.mkdir(parents=True, exist_ok=True)
+        termination.write_text(summary_json(result))
+    return report
+
+
+def _print_summary(result: TuningResult, report: Path | None) -> None:
+    print(f"\nstatus: {result.status} — {result.reason}")
+    if result.best is not None:
+        label = "winner" if result.status == "succeeded" else "closest configuration"
+        from infertune.tuner.candidate import Candidate
+
+        print(f"{label}: {Candidate.from_dict(result.best.config).label()}")
+        f = result.best.figures
+        print(
+            f"  goodput {f.get('goodputRps', 0):.2f} req/s, {f.get('outputTokensPerSecond', 0):.1f} "
+            "output tokens/s"
+        )
+        for metric, margin in result.best.margins_ms.items():
+            sign = "headroom" if margin is not None and margin >= 0 else "over"
+            print(f"  {metric}: SLO margin {margin:+.1f} ms ({sign})")
+    if result.binding_constraint:
+        print(f"binding constraint: {result.binding_constraint}")
+    if report is not None:
+        print(f"report: {report}")
+
+
+def _fail(termination: Path | None, study: str, message: str, code: int) -> int:
+    print(f"infertune tune: {message}", file=sys.stderr)
+    if termination is not None:
+        payload = {"version": 1, "status": "failed", "reason": message[:1000], "study": study}
+        termination.parent.mkdir(parents=True, exist_ok=True)
+        termination.write_text(json.dumps(payload, separators=(",", ":")))
+    return code
+
+
+def tune_main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    if args.max_trials is not None and args.max_trials < 1:
+        return _fail(args.termination_message, "", "--max-trials must be at least 1", 2)
+    try:
+        spec = load_tuning_spec(args.spec)
+    except SpecError as exc:
+        return _fail(args.termination_message, "", "invalid spec: " + "; ".join(exc.problems), 2)
+    study = args.study_name or f"{args.spec.stem}-{spec_hash(args.spec)}"
+    storage = args.storage or f"sqlite:///{(args.out / 'study.db').resolve()}"
+    from infertune.tuner.tune import TuneOptions, run_tuning
+
+    opts = TuneOptions(
+        study_name=study,
+        out=args.out,
+        storage=storage,
+        max_trials=args.max_trials,
+        profile=not args.no_profile,
+        quality=not args.no_quality,
+        use_gpu=not args.cpu,
+        progress=Progress(args.quiet),
+        log=(lambda _msg: None) if args.quiet else (lambda msg: print(msg, flush=True)),
+    )
+    if args.no_quality:
+        spec.quality.enabled = False
+    try:
+        result = run_tuning(spec, opts)
+    except (ValueError, OSError, RuntimeError) as exc:
+        return _fail(args.termination_message, study, str(exc), 1)
+    report = _write_outputs(result, args.out, args.termination_message)
+    _print_summary(result, report)
+    return 1 if result.status == "failed" else 0
+
+
+if __name__ == "__main__":
+    sys.exit(tune_main(sys.argv[1:]))

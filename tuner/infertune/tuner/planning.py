@@ -1,0 +1,123 @@
+"""Use the profile before any trial: prune precisions that cannot meet the SLO, and pick the seeds.
+
+Torch-free. Pruning is conservative: a precision goes only when its decode floor at batch 1 (the
+best case for inter-token latency) or its prefill floor for a mean prompt alone (the best case for
+time to first token) already exceeds the bound — by the roofline, or by the built-in engine's own
+measured step at batch 1. Seeds are the configurations the step-time model predicts best, spread
+over precisions and batch limits so the sampler starts from several good regions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infertune.engine.config import LlamaConfig
+from infertune.tuner.api import TuningSpec
+from infertune.tuner.candidate import Candidate
+from infertune.tuner.modelprofile import ModelProfile
+from infertune.tuner.roofline import Prediction, StepModel, decode_floor, predict, prefill_floor
+from infertune.tuner.space import Space
+
+
+def prune_by_roofline(
+    space: Space, spec: TuningSpec, cfg: LlamaConfig, profile: ModelProfile
+) -> None:
+    slo = spec.slo
+    prompt = max(1, round(spec.traffic.prompt_tokens.expected))
+    ceilings = profile.ceilings
+    for engine, e in list(space.engines.items()):
+        verdicts: dict[str, tuple[float, str]] = {}
+        for q in list(e.quantizations):
+            reasons: list[str] = []
+            worst = 0.0
+            measured = profile.precisions.get(q)
+            if slo.itl is not None:
+                floor = decode_floor(cfg, ceilings, q, 1, prompt).floor_ms
+                worst = max(worst, floor / slo.itl.max.ms)
+                if floor > slo.itl.max.ms:
+                    reasons.append(
+                        f"decode floor at batch 1 is {floor:.2f}ms > ITL bound {slo.itl.max.text}"
+                    )
+                elif (
+                    engine == "builtin"
+                    and measured
+                    and measured.decode.measured_ms > slo.itl.max.ms
+                ):
+                    worst = max(worst, measured.decode.measured_ms / slo.itl.max.ms)
+                    reasons.append(
+                        f"measured decode step at batch 1 is {measured.decode.measured_ms:.2f}ms > ITL bound {slo.itl.max.text}"
+                    )
+            if slo.ttft is not None:
+                floor = prefill_floor(cfg, ceilings, q, prompt).floor_ms
+                worst = max(worst, floor / slo.ttft.max.ms)
+                if floor > slo.ttft.max.ms:
+                    reasons.append(
+                        f"prefill floor for a {prompt}-token prompt is {floor:.1f}ms > TTFT bound {slo.ttft.max.text}"
+                    )
+            if reasons:
+                verdicts[q] = (worst, "; ".join(reasons))
+        if len(verdicts) == len(e.quantizations):
+            # Every precision is hopeless: keep the least hopeless one so the study still returns
+            # the closest configuration and names the binding constraint.
+            keep = min(verdicts, key=lambda q: verdicts[q][0])
+            verdicts.pop(keep)
+        for q, (_, why) in verdicts.items():
+            space.drop_quantization(engine, q, why, "roofline")
+
+
+@dataclass
+class Seed:
+    config: Candidate
+    prediction: Prediction
+    score: float
+
+
+def _score(p: Prediction, spec: TuningSpec) -> float:
+    """Predicted goodput when every bound is predicted met; otherwise minus the worst overshoot."""
+    over = 0.0
+    for metric, obj in spec.slo.bounds().items():
+        value = {"ttft": p.ttft_ms, "itl": p.itl_ms, "e2e": p.e2e_ms}[metric]
+        over = max(over, value / obj.max.ms - 1.0)
+    if not p.stable:
+        over = max(over, 1.0)
+    return p.goodput_rps if over <= 0 else -over
+
+
+def rank(space: Space, spec: TuningSpec, profile: ModelProfile) -> list[Seed]:
+    """Every candidate, best predicted first (ties broken by the smaller configuration)."""
+    t = spec.traffic
+    out: list[Seed] = []
+    for c in space.candidates():
+        prof = profile.precisions.get(c.quantization)
+        step = prof.step_model if prof else StepModel(1.0, 0.1)
+        p = predict(
+            step,
+            rate=t.rate,
+            concurrency=t.concurrency,
+            prompt_tokens=t.prompt_tokens.expected,
+            output_tokens=t.output_tokens.expected,
+            max_num_seqs=c.max_num_seqs,
+            max_num_batched_tokens=c.max_num_batched_tokens,
+        )
+        out.append(Seed(c, p, _score(p, spec)))
+    out.sort(
+        key=lambda s: (-s.score, s.config.max_num_seqs, s.config.max_num_batched_tokens, s.config)
+    )
+    return out
+
+
+def seeds(space: Space, spec: TuningSpec, profile: ModelProfile, count: int) -> list[Seed]:
+    """The `count` best-ranked candidates, no two sharing (engine, precision, max_num_seqs)."""
+    chosen: list[Seed] = []
+    seen: set[tuple[str, str, int]] = set()
+    for s in rank(space, spec, profile):
+        key = (s.config.engine, s.config.quantization, s.config.max_num_seqs)
+        if key in seen:
+            continue
+        seen.add(key)
+        chosen.append(s)
+        if len(chosen) >= count:
+            break
+    # Adjacent seeds that share the engine and precision restart less when an engine can be reused.
+    chosen.sort(key=lambda s: (s.config.engine, s.config.quantization, -s.score))
+    return chosen

@@ -1,0 +1,238 @@
+"""Profile the model on this device: prefill and decode per precision, against the roofline.
+
+Runs the built-in engine's ModelRunner directly (no server): one prompt-length prefill and decode
+steps at batch 1 and at a larger batch, best of a few repeats after a warm-up; then one prefill and
+one decode step under `torch.profiler`, with operator time grouped into GEMM, attention,
+elementwise/norm and other, and the host-side gap (time no operator accounts for).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from infertune.engine.config import LlamaConfig, flops_per_token, kv_bytes_per_token, weight_bytes
+from infertune.engine.runner import ModelRunner, StepInput
+from infertune.tuner.modelprofile import ModelProfile, PhaseResult, PrecisionProfile
+from infertune.tuner.roofline import (
+    Ceilings,
+    PhaseFloor,
+    StepModel,
+    classify,
+    decode_floor,
+    kv_dtype,
+    prefill_floor,
+)
+
+_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("attention", ("attention", "softmax", "bmm", "baddbmm", "index_select", "gather")),
+    ("gemm", ("mm", "addmm", "matmul", "linear", "_int_mm", "weight_int", "int4", "dot")),
+    (
+        "elementwise",
+        (
+            "add",
+            "mul",
+            "rsqrt",
+            "pow",
+            "mean",
+            "silu",
+            "sigmoid",
+            "neg",
+            "cat",
+            "div",
+            "exp",
+            "norm",
+            "copy",
+            "to",
+            "sub",
+        ),
+    ),
+)
+
+
+def group_of(name: str) -> str:
+    low = name.lower().removeprefix("aten::")
+    for group, keys in _GROUPS:
+        if any(k in low for k in keys):
+            return group
+    return "other"
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _best_ms(fn: Callable[[], object], device: str, repeats: int) -> float:
+    fn()
+    _sync(device)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def _trace(fn: Callable[[], object], device: str) -> tuple[dict[str, float], float, int, float]:
+    """(ms per operator group, host gap ms, top-level operator count, wall ms) of one call."""
+    activities = [ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        wall = (time.perf_counter() - start) * 1e3
+    groups = {"gemm": 0.0, "attention": 0.0, "elementwise": 0.0, "other": 0.0}
+    busy = 0.0
+    count = 0
+    for ev in prof.key_averages():
+        if not ev.key.startswith("aten::"):
+            continue
+        gpu = getattr(ev, "self_device_time_total", 0.0) or 0.0
+        us = gpu if device.startswith("cuda") else ev.self_cpu_time_total
+        groups[group_of(ev.key)] += us / 1e3
+        busy += us / 1e3
+        count += ev.count
+    return groups, max(0.0, wall - busy), count, wall
+
+
+def _prefill_batch(cfg: LlamaConfig, tokens: int, block: int) -> list[StepInput]:
+    ids = [(7 * i + 3) % cfg.vocab_size for i in range(tokens)]
+    return [StepInput(0, ids, 0, list(range(math.ceil((tokens + 1) / block))), True)]
+
+
+def _decode_batch(cfg: LlamaConfig, batch: int, context: int, block: int) -> list[StepInput]:
+    per_seq = math.ceil((context + 1) / block)
+    return [
+        StepInput(
+            i,
+            [(5 * i + 1) % cfg.vocab_size],
+            context,
+            list(range(i * per_seq, (i + 1) * per_seq)),
+            True,
+        )
+        for i in range(batch)
+    ]
+
+
+def _phase(
+    name: str,
+    tokens: int,
+    measured: float,
+    floor: PhaseFloor,
+    ceilings: Ceilings,
+    trace: tuple[dict[str, float], float, int, float] | None,
+) -> PhaseResult:
+    launch = None if trace is None else trace[2] * ceilings.launch_overhead_us / 1e3
+    bound, percent = classify(measured, floor, launch)
+    return PhaseResult(
+        phase=name,
+        tokens=tokens,
+        measured_ms=measured,
+        floor_ms=floor.floor_ms,
+        compute_floor_ms=floor.compute_ms,
+        memory_floor_ms=floor.memory_ms,
+        launch_ms=launch,
+        bound=bound,
+        percent_of_roofline=percent,
+        kernel_ms={} if trace is None else trace[0],
+        host_gap_ms=None if trace is None else trace[1],
+        operators=None if trace is None else trace[2],
+    )
+
+
+def fit_step_model(points: list[tuple[int, float]]) -> StepModel:
+    """Least-squares line t = fixed + per_token * tokens through (tokens, ms) points."""
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    var = sum((p[0] - mx) ** 2 for p in points)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / var if var else 0.0
+    slope = max(slope, 0.0)
+    return StepModel(fixed_ms=max(my - slope * mx, 0.0), per_token_ms=slope)
+
+
+def profile_precision(
+    model_dir: Path,
+    quantization: str,
+    ceilings: Ceilings,
+    *,
+    prompt_tokens: int,
+    batch: int,
+    repeats: int = 3,
+    trace: bool = True,
+) -> PrecisionProfile:
+    device = ceilings.device
+    block = 16
+    context = prompt_tokens
+    per_seq = math.ceil((context + 2) / block)
+    runner = ModelRunner(
+        model_dir,
+        quantization=quantization,
+        kv_block_size=block,
+        num_kv_blocks=max(batch, 1) * per_seq + 1,
+        device=device,
+        max_num_seqs=batch,
+    )
+    cfg = runner.config
+    prefill = _prefill_batch(cfg, prompt_tokens, block)
+    dec1 = _decode_batch(cfg, 1, context, block)
+    decn = _decode_batch(cfg, batch, context, block)
+    t_prefill = _best_ms(lambda: runner.execute(prefill), device, repeats)
+    t_dec1 = _best_ms(lambda: runner.execute(dec1), device, repeats)
+    t_decn = _best_ms(lambda: runner.execute(decn), device, repeats)
+    tr_prefill = _trace(lambda: runner.execute(prefill), device) if trace else None
+    tr_decode = _trace(lambda: runner.execute(dec1), device) if trace else None
+    f_prefill = prefill_floor(cfg, ceilings, quantization, prompt_tokens)
+    f_dec1 = decode_floor(cfg, ceilings, quantization, 1, context)
+    f_decn = decode_floor(cfg, ceilings, quantization, batch, context)
+    points = [(1, t_dec1), (batch, t_decn), (prompt_tokens, t_prefill)]
+    return PrecisionProfile(
+        quantization=quantization,
+        weight_bytes=weight_bytes(cfg, quantization),
+        kv_bytes_per_token=kv_bytes_per_token(cfg, kv_dtype(quantization, device)),
+        flops_per_token=flops_per_token(cfg, context),
+        prefill=_phase("prefill", prompt_tokens, t_prefill, f_prefill, ceilings, tr_prefill),
+        decode=_phase("decode", 1, t_dec1, f_dec1, ceilings, tr_decode),
+        decode_batched=_phase("decode", batch, t_decn, f_decn, ceilings, None),
+        step_model=fit_step_model(points),
+    )
+
+
+def profile_model(
+    model_dir: Path,
+    quantizations: Iterable[str],
+    ceilings: Ceilings,
+    *,
+    prompt_tokens: int,
+    batch: int,
+    reference: str,
+    repeats: int = 3,
+) -> ModelProfile:
+    """Profile every precision the built-in engine can load here; failures become notes."""
+    out = ModelProfile(hardware=ceilings.hardware, ceilings=ceilings, reference=reference)
+    wanted = list(dict.fromkeys([reference, *quantizations]))
+    for q in wanted:
+        try:
+            out.precisions[q] = profile_precision(
+                model_dir,
+                q,
+                ceilings,
+                prompt_tokens=prompt_tokens,
+                batch=batch,
+                repeats=repeats,
+                trace=True,
+            )
+        except (ValueError, RuntimeError) as exc:  # UnsupportedConfig is a ValueError
+            out.notes.append(f"{q}: not profiled ({exc})")
+    if reference not in out.precisions and out.precisions:
+        out.reference = next(iter(out.precisions))
+    return out

@@ -1,0 +1,179 @@
+"""The tuning result: full JSON for the report and the study record, and the operator's compact summary."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from infertune.tuner.api import SLO
+from infertune.tuner.trial import FIGURE_KEYS
+
+SUMMARY_LIMIT = 4096  # bytes of a Kubernetes termination message
+SUMMARY_VERSION = 1
+
+
+@dataclass
+class TrialRecord:
+    number: int
+    config: dict[str, Any]
+    outcome: str  # ok, stopped, failed, infeasible-quality, pruned
+    feasible: bool
+    objective: float | None
+    figures: dict[str, float] = field(default_factory=dict)
+    margins_ms: dict[str, float] = field(default_factory=dict)
+    constraints: list[float] = field(default_factory=list)
+    reason: str | None = None
+    peak_memory_bytes: int | None = None
+    startup_s: float | None = None
+    quality: dict[str, Any] | None = None
+    seeded: bool = False
+    values: list[float] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: _finite(v) for k, v in self.__dict__.items()}
+
+
+@dataclass
+class TuningResult:
+    study: str
+    status: str  # succeeded, infeasible, failed
+    reason: str
+    hardware: dict[str, Any]
+    objective: str
+    slo: dict[str, Any]
+    trials: list[TrialRecord]
+    trials_total: int
+    best: TrialRecord | None = None
+    binding_constraint: str | None = None
+    pareto: list[TrialRecord] = field(default_factory=list)
+    profile: dict[str, Any] | None = None
+    profile_wire: dict[str, Any] | None = None
+    space: dict[str, Any] | None = None
+    quality: dict[str, Any] = field(default_factory=dict)
+    seeds: list[dict[str, Any]] = field(default_factory=list)
+    report_path: str | None = None
+    elapsed_s: float = 0.0
+    restarts: int = 0
+    importance: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def trials_completed(self) -> int:
+        return sum(1 for t in self.trials if t.outcome != "running")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k not in ("trials", "best", "pareto")}
+        out["trials"] = [t.to_dict() for t in self.trials]
+        out["best"] = None if self.best is None else self.best.to_dict()
+        out["pareto"] = [t.to_dict() for t in self.pareto]
+        out["trials_completed"] = self.trials_completed
+        return _finite(out)  # type: ignore[no-any-return]
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no infinity: a margin of -inf (metric never measured) becomes null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def binding_constraint(trials: list[TrialRecord], slo: SLO) -> str | None:
+    """The SLO metric no trial met, with the best figure any trial achieved for it."""
+    measured = [t for t in trials if t.figures]
+    if not measured:
+        return None
+    worst: tuple[float, str] | None = None
+    for metric, obj in slo.bounds().items():
+        key = f"{metric}{obj.percentile.upper()}Ms"
+        values = [t.figures[key] for t in measured if key in t.figures]
+        if not values:
+            continue
+        best = min(values)
+        ratio = best / obj.max.ms
+        if ratio > 1 and (worst is None or ratio > worst[0]):
+            worst = (
+                ratio,
+                f"{metric} {obj.percentile} <= {obj.max.text}: best achieved {best:.0f}ms",
+            )
+    if worst is not None:
+        return worst[1]
+    if slo.min_output_tokens_per_second is not None:
+        top = max(t.figures.get("outputTokensPerSecond", 0.0) for t in measured)
+        if top < slo.min_output_tokens_per_second:
+            return (
+                f"output tokens/s >= {slo.min_output_tokens_per_second:g}: best achieved {top:.1f}"
+            )
+    # Each bound was met by some trial, but never all together by one.
+    closest = min(measured, key=lambda t: max(t.constraints or [math.inf]))
+    missed = [m for m, v in closest.margins_ms.items() if v is not None and v < 0]
+    return f"no configuration meets all bounds at once; the closest misses {', '.join(missed) or 'quality'}"
+
+
+def _serving(best: TrialRecord) -> dict[str, Any]:
+    c = best.config
+    out: dict[str, Any] = {
+        "engine": c["engine"],
+        "quantization": c["quantization"],
+        "maxNumSeqs": c["max_num_seqs"],
+        "maxNumBatchedTokens": c["max_num_batched_tokens"],
+        "kvBlockSize": c["kv_block_size"],
+        "cudaGraph": c["cuda_graph"],
+    }
+    measured = {k: round(best.figures[k], 3) for k in FIGURE_KEYS if k in best.figures}
+    if measured:
+        out["measured"] = measured
+    margins = {
+        k: round(v, 3)
+        for k, v in best.margins_ms.items()
+        if isinstance(v, float) and math.isfinite(v)
+    }
+    if margins:
+        out["sloMarginsMs"] = margins
+    return out
+
+
+def compact_summary(result: TuningResult) -> dict[str, Any]:
+    """The operator's view (camelCase, <= 4096 bytes as JSON): status, best config, profile."""
+    out: dict[str, Any] = {
+        "version": SUMMARY_VERSION,
+        "status": result.status,
+        "reason": result.reason[:600],
+        "study": result.study,
+        "trialsCompleted": result.trials_completed,
+        "trialsTotal": result.trials_total,
+        "hardware": str(result.hardware.get("product", ""))[:200],
+        "gpuProduct": result.hardware.get("product")
+        if result.hardware.get("kind") == "gpu"
+        else None,
+    }
+    if result.best is not None:
+        out["best"] = _serving(result.best)
+    out["bindingConstraint"] = result.binding_constraint
+    if result.profile_wire is not None:
+        out["profile"] = result.profile_wire
+    text = json.dumps(out, separators=(",", ":"))
+    # Shed the least important parts until it fits the termination message.
+    for drop in ("profile", "reason"):
+        if len(text.encode()) <= SUMMARY_LIMIT:
+            break
+        if drop == "reason":
+            out["reason"] = out["reason"][:100]
+        else:
+            out.pop(drop, None)
+        text = json.dumps(out, separators=(",", ":"))
+    return out
+
+
+def summary_json(result: TuningResult) -> str:
+    text = json.dumps(compact_summary(result), separators=(",", ":"))
+    if len(text.encode()) > SUMMARY_LIMIT:  # cannot happen with the fields above; guard anyway
+        raise ValueError(f"compact summary is {len(text.encode())} bytes, over {SUMMARY_LIMIT}")
+    return text

@@ -1,0 +1,320 @@
+"""`infertune tune`: discover the hardware, profile the model, prune and seed the space, run the
+study, guard quality, and assemble the result. The CLI (cli.py) only parses flags and prints."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import optuna
+from optuna.trial import TrialState
+
+from infertune.engine.config import LlamaConfig
+from infertune.tuner.api import ModelSource, TuningSpec
+from infertune.tuner.candidate import Candidate
+from infertune.tuner.hardware import Hardware, discover
+from infertune.tuner.modelprofile import ModelProfile
+from infertune.tuner.planning import prune_by_roofline, seeds
+from infertune.tuner.quality import QualityResult
+from infertune.tuner.result import TrialRecord, TuningResult, binding_constraint
+from infertune.tuner.roofline import compute_dtype
+from infertune.tuner.search import (
+    Evaluation,
+    ProgressFn,
+    ReportFn,
+    enqueue_seeds,
+    evaluation_of,
+    run_study,
+)
+from infertune.tuner.space import Space, build_space
+from infertune.tuner.study import DUPLICATE_ATTR, SEED_ATTR, make_sampler, open_study
+from infertune.tuner.trial import Measurement, TrialRunner
+
+SEED_COUNT = 3
+
+
+@dataclass
+class TuneOptions:
+    study_name: str
+    out: Path
+    storage: str | None = None
+    max_trials: int | None = None  # overrides budget.maxTrials (tests, quick looks)
+    profile: bool = True
+    quality: bool = True
+    use_gpu: bool = True
+    progress: ProgressFn | None = None
+    log: Callable[[str], None] = print
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_model(source: ModelSource) -> Path:
+    """A local checkpoint directory for the spec's model URI."""
+    parsed = urlparse(source.uri)
+    if source.scheme == "builtin":
+        from infertune.engine.make_model import ensure_model
+
+        return ensure_model(parsed.netloc)
+    if source.scheme == "file":
+        path = Path(parsed.path if parsed.scheme else source.uri)
+        if not path.exists():
+            raise ValueError(f"model.uri {source.uri!r}: {path} does not exist")
+        return path
+    # pvc:// is mounted by the operator's Job at /models/<claim>/...; hf:// needs a download step.
+    if source.scheme == "pvc":
+        path = Path("/models") / parsed.netloc / parsed.path.lstrip("/")
+        if path.exists():
+            return path
+        raise ValueError(f"model.uri {source.uri!r}: expected the claim mounted at {path}")
+    raise ValueError(
+        f"model.uri {source.uri!r}: scheme {source.scheme!r} cannot be tuned standalone; "
+        "use builtin://, file:// or a path"
+    )
+
+
+class QualityCache:
+    """Quality per precision, measured once (all precisions at once: one reference run)."""
+
+    def __init__(self, spec: TuningSpec, model_dir: Path, device: str, quants: list[str]) -> None:
+        self.spec = spec
+        self.model_dir = model_dir
+        self.device = device
+        self.quants = quants
+        self.results: dict[str, QualityResult] = {}
+
+    def get(self, quantization: str) -> QualityResult | None:
+        guard = self.spec.quality
+        if not guard.enabled or quantization == guard.reference:
+            return None
+        if not self.results:
+            from infertune.tuner.quality import compare
+
+            self.results = compare(self.model_dir, guard.reference, self.quants, guard, self.device)
+        return self.results.get(quantization)
+
+
+def _evaluation(m: Measurement, quality: QualityResult | None) -> Evaluation:
+    return Evaluation(
+        config=m.config,
+        outcome=m.status,
+        figures=m.figures,
+        margins_ms=m.margins_ms,
+        reason=m.reason,
+        peak_memory_bytes=m.peak_memory_bytes,
+        startup_s=m.startup_s,
+        quality=None if quality is None else quality.to_dict(),
+    )
+
+
+def make_evaluator(
+    spec: TuningSpec, runner: TrialRunner, quality: QualityCache
+) -> Callable[[Candidate, ReportFn], Evaluation]:
+    def evaluate(config: Candidate, report: ReportFn) -> Evaluation:
+        q = quality.get(config.quantization)
+        if q is not None and not q.passed:
+            # Infeasible before any load test: the measured figure is recorded, no engine starts.
+            return Evaluation(
+                config,
+                "infeasible-quality",
+                reason=q.reason,
+                quality=q.to_dict(),
+                quality_shortfall=max(spec.quality.min_top1_agreement - q.top1_agreement, 1e-3),
+            )
+        return _evaluation(runner.run(config, report), q)
+
+    return evaluate
+
+
+def profile_and_plan(
+    spec: TuningSpec, model_dir: Path, hardware: Hardware, space: Space, opts: TuneOptions
+) -> tuple[ModelProfile | None, list[Candidate]]:
+    """Ceilings + profile, roofline pruning, and the seeds to enqueue."""
+    if not opts.profile:
+        return None, []
+    from infertune.tuner.ceilings import load_or_measure
+    from infertune.tuner.profiler import profile_model
+
+    quants = sorted({q for e in space.engines.values() for q in e.quantizations})
+    dtypes = {compute_dtype(q, hardware.device) for q in quants}
+    opts.log(f"measuring ceilings on {hardware.describe()} (cached per machine)")
+    ceilings = load_or_measure(hardware, dtypes)
+    opts.log(
+        f"  memory bandwidth {ceilings.memory_bandwidth_gbps:.1f} GB/s, peak "
+        + ", ".join(f"{d} {f / 1e9:.1f} GFLOP/s" for d, f in sorted(ceilings.peak_flops.items()))
+    )
+    batch = min(max(max(e.max_num_seqs) for e in space.engines.values()), 16)
+    prompt = max(1, round(spec.traffic.prompt_tokens.expected))
+    opts.log(f"profiling prefill ({prompt} tokens) and decode (batch 1, {batch}) per precision")
+    profile = profile_model(
+        model_dir,
+        quants,
+        ceilings,
+        prompt_tokens=prompt,
+        batch=batch,
+        reference=spec.quality.reference,
+    )
+    prune_by_roofline(space, spec, LlamaConfig.from_dir(model_dir), profile)
+    return profile, [s.config for s in seeds(space, spec, profile, SEED_COUNT)]
+
+
+def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
+    started = time.monotonic()
+    hardware = discover(use_gpu=opts.use_gpu)
+    model_dir = resolve_model(spec.model)
+    space = build_space(spec, hardware)
+    if not space.engines:
+        reasons = "; ".join(p.reason for p in space.pruned if p.knob == "engine")
+        raise ValueError(f"no engine in search.engines can run here: {reasons}")
+    profile, seed_configs = profile_and_plan(spec, model_dir, hardware, space, opts)
+    for p in space.pruned:
+        opts.log(f"pruned {p.engine} {p.knob}={p.value}: {p.reason}")
+    max_trials = opts.max_trials or spec.budget.max_trials
+    multi = spec.search.sampler == "nsga2"
+    seed = spec.search.seed
+    sampler = make_sampler(
+        spec.search.sampler,
+        space,
+        seed=seed,
+        multi_objective=multi,
+        startup_trials=max(len(seed_configs) + 2, min(10, max_trials // 3)),
+    )
+    study = open_study(opts.study_name, opts.storage, sampler, multi_objective=multi)
+    if enqueue_seeds(study, space, seed_configs):
+        opts.log("seeded: " + "; ".join(c.label() for c in seed_configs))
+    quants = sorted({q for e in space.engines.values() for q in e.quantizations})
+    quality = QualityCache(spec, model_dir, hardware.device, quants)
+    runner = TrialRunner(spec, model_dir, opts.out / "work", hardware, seed=seed or 0)
+    try:
+        run_study(
+            study,
+            space,
+            spec,
+            make_evaluator(spec, runner, quality),
+            max_trials=max_trials,
+            max_seconds=float(spec.budget.max_duration),
+            multi_objective=multi,
+            progress=opts.progress,
+        )
+    finally:
+        runner.close()
+    result = assemble(study, spec, hardware, profile, space, quality, max_trials, multi)
+    result.seeds = [c.to_dict() for c in seed_configs]
+    result.restarts = runner.restarts
+    result.importance = importance(study)
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def trial_records(study: optuna.Study, spec: TuningSpec) -> list[TrialRecord]:
+    out: list[TrialRecord] = []
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get(DUPLICATE_ATTR):
+            continue
+        ev = evaluation_of(t)
+        if ev is None:
+            reason = t.user_attrs.get("failure_reason") or f"trial {t.state.name.lower()}"
+            outcome = "failed" if t.state == TrialState.FAIL else t.state.name.lower()
+            out.append(TrialRecord(t.number, dict(t.params), outcome, False, None, reason=reason))
+            continue
+        out.append(
+            TrialRecord(
+                number=t.number,
+                config=ev.config.to_dict(),
+                outcome=ev.outcome,
+                feasible=ev.feasible(spec),
+                objective=t.values[0] if t.values else None,
+                figures=ev.figures,
+                margins_ms=ev.margins_ms,
+                constraints=ev.constraints(spec),
+                reason=ev.reason,
+                peak_memory_bytes=ev.peak_memory_bytes,
+                startup_s=ev.startup_s,
+                quality=ev.quality,
+                seeded=bool(t.user_attrs.get(SEED_ATTR)),
+                values=list(t.values) if t.values else None,
+            )
+        )
+    return out
+
+
+def assemble(
+    study: optuna.Study,
+    spec: TuningSpec,
+    hardware: Hardware,
+    profile: ModelProfile | None,
+    space: Space,
+    quality: QualityCache,
+    max_trials: int,
+    multi: bool,
+) -> TuningResult:
+    records = trial_records(study, spec)
+    measured = [r for r in records if r.figures]
+    feasible = [r for r in records if r.feasible]
+    result = TuningResult(
+        study=study.study_name,
+        status="failed",
+        reason="",
+        hardware=hardware.to_dict(),
+        objective=spec.slo.objective,
+        slo=spec.slo.to_wire(),
+        trials=records,
+        trials_total=max_trials,
+        profile=None if profile is None else profile.to_dict(),
+        profile_wire=None if profile is None else profile.to_wire(),
+        space=space.to_dict(),
+        quality={q: r.to_dict() for q, r in quality.results.items()},
+    )
+    if multi:
+        front = [t.number for t in study.best_trials]
+        result.pareto = [r for r in records if r.number in front]
+    if feasible:
+        best = max(feasible, key=lambda r: (r.objective or 0.0, -(r.peak_memory_bytes or 0)))
+        result.best, result.status = best, "succeeded"
+        result.reason = (
+            f"best of {len(feasible)} feasible configurations out of {len(records)} trials"
+        )
+    elif measured:
+        closest = min(measured, key=lambda r: (max(r.constraints or [1e9]), -(r.objective or 0)))
+        result.best, result.status = closest, "infeasible"
+        result.binding_constraint = binding_constraint(measured, spec.slo)
+        result.reason = (
+            f"no configuration met the SLOs in {len(records)} trials; closest shown "
+            f"({result.binding_constraint})"
+        )
+    else:
+        kinds = sorted({r.reason or r.outcome for r in records})[:3]
+        result.reason = f"no trial produced a measurement ({'; '.join(kinds) or 'no trials ran'})"
+    if not multi and measured:
+        # Pareto front of throughput vs p95 end-to-end latency over measured trials, for the report.
+        result.pareto = pareto_front(measured)
+    return result
+
+
+def importance(study: optuna.Study) -> dict[str, float]:
+    """fANOVA importance of each knob for the objective (empty when too few trials vary)."""
+    try:
+        raw = optuna.importance.get_param_importances(
+            study, target=lambda t: t.values[0] if t.values else 0.0
+        )
+    except (ValueError, RuntimeError, ZeroDivisionError):
+        return {}
+    return {k: float(v) for k, v in raw.items()}
+
+
+def pareto_front(records: list[TrialRecord]) -> list[TrialRecord]:
+    def point(r: TrialRecord) -> tuple[float, float]:
+        return r.figures.get("outputTokensPerSecond", 0.0), r.figures.get("e2eP95Ms", 1e12)
+
+    front = []
+    for r in records:
+        tr, lat = point(r)
+        dominated = any(
+            (o_tr >= tr and o_lat <= lat) and (o_tr > tr or o_lat < lat)
+            for o_tr, o_lat in (point(o) for o in records)
+        )
+        if not dominated:
+            front.append(r)
+    return sorted(front, key=lambda r: point(r)[0])
