@@ -99,6 +99,10 @@ async def check(
     if live is not None:
         met, violating = slo_check(spec.slo, live.at_percentile)
         enough = live.requests >= rt.settings.min_requests_for_drift
+        if enough:
+            rt.traffic_seen[ctx.key] = (
+                live  # what a retune is given, even if the last window is thin
+            )
         drift = (
             traffic_drift(tuned_traffic(st.live, spec.traffic), live.figures, spec.retune)
             if enough
@@ -146,9 +150,10 @@ async def check(
     elif decision.reason is not None:
         rt.cooldown_noted.pop(ctx.key, None)
         tuning = spec.tuning_spec()
-        if live is not None and live.requests >= rt.settings.min_requests_for_drift:
+        seen = rt.traffic_seen.get(ctx.key)
+        if seen is not None:
             traffic = observed_traffic(
-                tuning.traffic, live.figures, live.prompt_p95, live.output_p95
+                tuning.traffic, seen.figures, seen.prompt_p95, seen.output_p95
             )
             tuning = tuning.model_copy(update={"traffic": traffic})
         product = (
@@ -164,4 +169,5 @@ async def check(
         ctx.history("RetuneTriggered", decision.reason, decision.message)
         await start_run(ctx, decision.reason, tuning, gpu_product=product)
         rt.windows.pop(ctx.key, None)
+        rt.traffic_seen.pop(ctx.key, None)
     await commit(ctx)

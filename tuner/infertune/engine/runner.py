@@ -5,21 +5,6 @@ hands a list of :class:`StepInput` (one per scheduled sequence) to :meth:`ModelR
 which returns one sampled token (or ``None``) per input, in the same order.
 
 ```python
-@dataclass
-class SamplingParams:
-    temperature: float = 0.0   # 0 = greedy
-    top_p: float = 1.0
-    seed: int | None = None
-
-@dataclass
-class StepInput:              # one sequence's share of one engine step
-    seq_id: int
-    token_ids: list[int]      # tokens to run now: a prompt chunk, or the single last token
-    start_pos: int            # absolute position of token_ids[0]; KV for < start_pos is cached
-    block_table: list[int]    # physical KV block ids covering [0, start_pos + len(token_ids))
-    sample: bool              # True on decode steps and the last prompt chunk
-    sampling: SamplingParams
-
 class ModelRunner:
     def __init__(self, model_dir, *, quantization="fp32", kv_block_size=16,
                  num_kv_blocks=None, kv_cache_bytes=None, device="cpu",
@@ -49,6 +34,7 @@ from infertune.engine.checkpoint import load_tensors
 from infertune.engine.config import LlamaConfig
 from infertune.engine.model import BatchMeta, LlamaModel, PrefillChunk
 from infertune.engine.quant import UnsupportedConfig
+from infertune.engine.step import SamplingParams, StepInput
 from infertune.engine.step import SamplingParams, StepInput
 
 __all__ = ["ModelRunner", "SamplingParams", "StepInput", "UnsupportedConfig"]
@@ -180,6 +166,32 @@ class ModelRunner:
         )
         logits = self.model.forward(ints(tokens), meta, self.kv_cache)
         return logits, sampled_inputs
+
+    @torch.inference_mode()
+    def score(self, token_ids: list[int], block_table: list[int] | None = None) -> torch.Tensor:
+        """fp32 next-token logits at every position of ``token_ids`` (``[n, vocab]``).
+
+        Teacher-forced scoring for quality checks (a quantization against its reference);
+        uses ``block_table`` (default: the first blocks of the cache) as scratch KV space.
+        """
+        n = len(token_ids)
+        if block_table is None:
+            block_table = list(range(-(-n // self.block_size)))
+        step = StepInput(-1, list(token_ids), 0, block_table, True, SamplingParams())
+        self._check(step, n)
+        bs = self.block_size
+        dev = self.device
+        meta = BatchMeta(
+            positions=torch.arange(n, device=dev),
+            slot_blocks=torch.tensor([block_table[p // bs] for p in range(n)], device=dev),
+            slot_offsets=torch.arange(n, device=dev) % bs,
+            num_decode=0,
+            decode_block_tables=torch.zeros((0, 0), dtype=torch.int64, device=dev),
+            decode_context_lens=torch.zeros(0, dtype=torch.int64, device=dev),
+            prefills=[PrefillChunk(0, n, 0, torch.tensor(block_table, device=dev))],
+            sample_rows=torch.arange(n, device=dev),
+        )
+        return self.model.forward(torch.tensor(token_ids, device=dev), meta, self.kv_cache)
 
     @staticmethod
     def _is_decode(step: StepInput) -> bool:

@@ -7,6 +7,7 @@ other load). Results are cached under ~/.cache/infertune/ceilings/<fingerprint>.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -32,11 +33,18 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _best_seconds(fn: Callable[[], object], device: str, repeats: int) -> float:
+def _best_seconds(
+    fn: Callable[[], object], device: str, repeats: int, min_total: float = 0.5
+) -> float:
+    """Best time of at least `repeats` calls, repeating until `min_total` seconds have passed:
+    on a shared machine, enough attempts that one of them runs undisturbed."""
     fn()  # warm-up / first-call allocation and kernel selection
     _sync(device)
     best = float("inf")
-    for _ in range(repeats):
+    began = time.perf_counter()
+    done = 0
+    while done < repeats or (time.perf_counter() - began < min_total and done < 50 * repeats):
+        done += 1
         start = time.perf_counter()
         fn()
         _sync(device)
@@ -64,9 +72,7 @@ def measure_matmul(device: str, dtype: str, n_max: int, min_seconds: float = 0.0
         a = torch.randn(n, n, device=device).to(_TORCH_DTYPES[dtype])
         b = torch.randn(n, n, device=device).to(_TORCH_DTYPES[dtype])
         out = torch.empty(n, n, device=device, dtype=_TORCH_DTYPES[dtype])
-        seconds = _best_seconds(
-            lambda a=a, b=b, out=out: torch.mm(a, b, out=out), device, repeats=3
-        )
+        seconds = _best_seconds(functools.partial(torch.mm, a, b, out=out), device, repeats=3)
         if seconds >= min_seconds or n * 2 > n_max:
             return 2 * n**3 / seconds
         n *= 2

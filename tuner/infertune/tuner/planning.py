@@ -2,8 +2,8 @@
 
 Torch-free. Pruning is conservative: a precision goes only when its decode floor at batch 1 (the
 best case for inter-token latency) or its prefill floor for a mean prompt alone (the best case for
-time to first token) already exceeds the bound — by the roofline, or by the built-in engine's own
-measured step at batch 1. Seeds are the configurations the step-time model predicts best, spread
+time to first token) already exceeds the bound. Only floors prune: a measured step includes this machine's noise and
+overheads a different engine may not have, so measurements only rank (seed), never exclude. Seeds are the configurations the step-time model predicts best, spread
 over precisions and batch limits so the sampler starts from several good regions.
 """
 
@@ -30,22 +30,12 @@ def prune_by_roofline(
         for q in list(e.quantizations):
             reasons: list[str] = []
             worst = 0.0
-            measured = profile.precisions.get(q)
             if slo.itl is not None:
                 floor = decode_floor(cfg, ceilings, q, 1, prompt).floor_ms
                 worst = max(worst, floor / slo.itl.max.ms)
                 if floor > slo.itl.max.ms:
                     reasons.append(
                         f"decode floor at batch 1 is {floor:.2f}ms > ITL bound {slo.itl.max.text}"
-                    )
-                elif (
-                    engine == "builtin"
-                    and measured
-                    and measured.decode.measured_ms > slo.itl.max.ms
-                ):
-                    worst = max(worst, measured.decode.measured_ms / slo.itl.max.ms)
-                    reasons.append(
-                        f"measured decode step at batch 1 is {measured.decode.measured_ms:.2f}ms > ITL bound {slo.itl.max.text}"
                     )
             if slo.ttft is not None:
                 floor = prefill_floor(cfg, ceilings, q, prompt).floor_ms

@@ -8,9 +8,14 @@ elementwise/norm and other, and the host-side gap (time no operator accounts for
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import math
+import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -29,6 +34,7 @@ from infertune.tuner.roofline import (
     prefill_floor,
 )
 
+PROFILE_VERSION = 1
 _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention", ("attention", "softmax", "bmm", "baddbmm", "index_select", "gather")),
     ("gemm", ("mm", "addmm", "matmul", "linear", "_int_mm", "weight_int", "int4", "dot")),
@@ -68,11 +74,15 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _best_ms(fn: Callable[[], object], device: str, repeats: int) -> float:
+def _best_ms(fn: Callable[[], object], device: str, repeats: int, min_total: float = 0.3) -> float:
+    """Best of at least `repeats` calls, continuing until `min_total` seconds passed (shared CPUs)."""
     fn()
     _sync(device)
     best = math.inf
-    for _ in range(repeats):
+    began = time.perf_counter()
+    done = 0
+    while done < repeats or (time.perf_counter() - began < min_total and done < 20 * repeats):
+        done += 1
         start = time.perf_counter()
         fn()
         _sync(device)
@@ -207,6 +217,40 @@ def profile_precision(
     )
 
 
+def _cache_path(model_dir: Path, ceilings: Ceilings, key: str) -> Path:
+    root = os.environ.get("INFERTUNE_CACHE") or str(Path.home() / ".cache/infertune")
+    cfg = hashlib.sha256((model_dir / "config.json").read_bytes()).hexdigest()[:12]
+    weights = sorted(model_dir.glob("*.safetensors"))
+    stamp = "-".join(str(int(w.stat().st_mtime)) for w in weights)
+    digest = hashlib.sha256(f"{cfg}:{stamp}:{key}:{PROFILE_VERSION}".encode()).hexdigest()[:16]
+    return Path(root) / "profiles" / ceilings.fingerprint / f"{digest}.json"
+
+
+def _cached_precision(
+    model_dir: Path, q: str, ceilings: Ceilings, prompt_tokens: int, batch: int, repeats: int
+) -> PrecisionProfile:
+    """A precision's profile, measured once per (machine, checkpoint, shape) and cached."""
+    path = _cache_path(model_dir, ceilings, f"{q}:{prompt_tokens}:{batch}")
+    if path.exists():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            raw = json.loads(path.read_text())
+            wrapper = ModelProfile.from_dict(
+                {
+                    "hardware": "",
+                    "ceilings": ceilings.to_dict(),
+                    "reference": q,
+                    "precisions": {q: raw},
+                }
+            )
+            return wrapper.precisions[q]
+    prof = profile_precision(
+        model_dir, q, ceilings, prompt_tokens=prompt_tokens, batch=batch, repeats=repeats
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(prof)))
+    return prof
+
+
 def profile_model(
     model_dir: Path,
     quantizations: Iterable[str],
@@ -222,14 +266,8 @@ def profile_model(
     wanted = list(dict.fromkeys([reference, *quantizations]))
     for q in wanted:
         try:
-            out.precisions[q] = profile_precision(
-                model_dir,
-                q,
-                ceilings,
-                prompt_tokens=prompt_tokens,
-                batch=batch,
-                repeats=repeats,
-                trace=True,
+            out.precisions[q] = _cached_precision(
+                model_dir, q, ceilings, prompt_tokens, batch, repeats
             )
         except (ValueError, RuntimeError) as exc:  # UnsupportedConfig is a ValueError
             out.notes.append(f"{q}: not profiled ({exc})")

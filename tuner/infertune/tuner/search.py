@@ -106,7 +106,12 @@ def _store(trial: optuna.Trial, ev: Evaluation, spec: TuningSpec) -> None:
     trial.set_user_attr(
         "margins_ms", {k: v for k, v in ev.margins_ms.items() if v == v and abs(v) != float("inf")}
     )
-    trial.set_user_attr("constraints", ev.constraints(spec))
+    constraints = ev.constraints(spec)
+    trial.set_user_attr("constraints", constraints)
+    # Optuna >= 5 reads constraints from the trial (<= 0 feasible) in TPE, NSGA-II and GP.
+    names = [*spec.slo.bounds(), "throughput", "quality"]
+    for name, value in zip(names, constraints, strict=True):
+        trial.set_constraint(name, value)
     if ev.reason:
         trial.set_user_attr("failure_reason" if ev.outcome == "failed" else "reason", ev.reason)
     if ev.peak_memory_bytes is not None:

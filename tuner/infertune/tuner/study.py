@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from infertune.tuner.candidate import KNOBS, Candidate
@@ -33,7 +33,7 @@ DUPLICATE_ATTR = "duplicate_of"  # answered from an earlier measurement of the s
 HEARTBEAT_INTERVAL = 10.0
 GRACE_PERIOD = 60.0
 INFEASIBLE = 1e3  # constraint value of a failed trial (any value > 0 is infeasible)
-MULTI_DIRECTIONS = ("maximize", "minimize", "minimize")  # throughput, p95 e2e ms, peak memory
+# Multi-objective (NSGA-II): output tokens/s up, e2e p95 ms down, peak memory down.
 
 
 def storage_for(url: str | None) -> optuna.storages.BaseStorage | None:
@@ -56,29 +56,20 @@ def storage_for(url: str | None) -> optuna.storages.BaseStorage | None:
     )
 
 
-def constraints_of(trial: FrozenTrial) -> Sequence[float]:
-    """Optuna's constraints_func: <= 0 is feasible. One value per SLO metric plus quality."""
-    return list(trial.user_attrs.get("constraints", [INFEASIBLE]))
-
-
 def make_sampler(
     name: str, space: Space, *, seed: int | None, multi_objective: bool, startup_trials: int
 ) -> optuna.samplers.BaseSampler:
     if name == "nsga2":
-        return optuna.samplers.NSGAIISampler(
-            seed=seed, constraints_func=constraints_of, population_size=max(4, startup_trials)
-        )
+        return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(4, startup_trials))
     if name == "tpe":  # multi-objective too (MOTPE) when the study has several directions
         return optuna.samplers.TPESampler(
             seed=seed,
             n_startup_trials=startup_trials,
             multivariate=True,
-            group=True,
-            constraints_func=constraints_of,
-            warn_independent_sampling=False,
+            group=len(space.engines) > 1,
         )
     if name == "gp":
-        return optuna.samplers.GPSampler(seed=seed, constraints_func=constraints_of)
+        return optuna.samplers.GPSampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
@@ -137,7 +128,11 @@ def params_of(config: Candidate, space: Space) -> dict[str, Any]:
 def open_study(
     name: str, storage: str | None, sampler: optuna.samplers.BaseSampler, *, multi_objective: bool
 ) -> optuna.Study:
-    directions = list(MULTI_DIRECTIONS) if multi_objective else ["maximize"]
+    directions: list[StudyDirection] = (
+        [StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE, StudyDirection.MINIMIZE]
+        if multi_objective
+        else [StudyDirection.MAXIMIZE]
+    )
     return optuna.create_study(
         study_name=name,
         storage=storage_for(storage),
