@@ -24,6 +24,9 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -m pip install -q --upgrade pip
 	@$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	@$(BIN)/python -m pip install -q -e ".[test]"
+	@# Both source roots on sys.path, so `infertune` is a plain PEP 420 namespace that import-linter
+	@# and mypy can walk (setuptools' editable finder hides it behind a path hook).
+	@printf '%s\n' "$(CURDIR)/operator" "$(CURDIR)/tuner" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/infertune-roots.pth"
 	@rm -f $(VENV)/.installed-*; touch $@
 	@echo "venv ready: $(VENV)"
 

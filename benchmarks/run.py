@@ -50,7 +50,15 @@ def main() -> int:
         except Exception:  # a failing benchmark is reported, and the others still run
             failed += 1
             traceback.print_exc()
-            rows.append({"group": group, "name": "FAILED", "value": "-", "unit": "", "note": "see traceback"})
+            rows.append(
+                {
+                    "group": group,
+                    "name": "FAILED",
+                    "value": "-",
+                    "unit": "",
+                    "note": "see traceback",
+                }
+            )
         print(f"   done in {time.monotonic() - start:.0f}s", flush=True)
     width = max((len(f"{r['group']}: {r['name']}") for r in rows), default=10)
     print()
@@ -58,7 +66,9 @@ def main() -> int:
     print("-" * (width + 40))
     for r in rows:
         label = f"{r['group']}: {r['name']}"
-        print(f"{label:<{width}}  {_fmt(r['value']):>12}  {r.get('unit', ''):<10}  {r.get('note', '')}")
+        print(
+            f"{label:<{width}}  {_fmt(r['value']):>12}  {r.get('unit', ''):<10}  {r.get('note', '')}"
+        )
     out = Path(os.environ.get("BENCH_JSON", "reports/bench.json"))
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(rows, indent=2, default=str))

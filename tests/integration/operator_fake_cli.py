@@ -1,7 +1,7 @@
 """Stand-in for the `infertune` CLI inside pods while `infertune tune` is being written elsewhere.
 
 `serve` runs the real engine (only mapping `builtin://NAME` to `NAME`, until the engine accepts the
-contract's URI form). `tune` is a placeholder that reads the mounted spec and writes a compact
+contract's URI form). `tune` runs the real tuner when INFERTUNE_REAL_TUNER=1; otherwise a placeholder that reads the mounted spec and writes a compact
 summary in the contract's schema to the termination-message path: int4 for long prompts, int8
 otherwise, with "measured" figures equal to the spec's traffic. It exercises the operator's side of
 the contract (spec ConfigMap, argv, termination message), not tuning itself.
@@ -10,6 +10,7 @@ the contract (spec ConfigMap, argv, termination message), not tuning itself.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -57,7 +58,7 @@ def tune(argv: list[str]) -> int:
 
 def main() -> int:
     args = sys.argv[1:]
-    if args and args[0] == "tune":
+    if args and args[0] == "tune" and os.environ.get("INFERTUNE_REAL_TUNER") != "1":
         return tune(args[1:])
     from infertune.cli import main as cli_main
 

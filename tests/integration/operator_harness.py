@@ -99,9 +99,9 @@ class OperatorProcess:
         env.pop("KUBERNETES_SERVICE_HOST", None)
         argv = [
             sys.executable, "-c", "import sys; from infertune.cli import main; sys.exit(main())",
-            "operator", *self.args,
+            "operator",
             "--metrics-port", str(self.metrics_port), "--monitor-tick", "2", "--drift-min-requests", "5",
-            "--infertune-command", f"{sys.executable} {FAKE_CLI}",
+            "--infertune-command", f"{sys.executable} {FAKE_CLI}", *self.args,
         ]  # fmt: skip
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(

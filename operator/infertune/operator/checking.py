@@ -49,10 +49,11 @@ def material_change(old: Observation | None, new: Observation) -> bool:
     return False
 
 
-def _serving_pods(pods: list[dict[str, Any]], deployment: str) -> list[dict[str, Any]]:
+def _serving_pods(pods: list[dict[str, Any]], track: str = "stable") -> list[dict[str, Any]]:
+    """Ready serving pods of one track (by label: a canary's pod names share the stable prefix)."""
     return [
         p for p in pods
-        if p.get("component") == "serving" and p.get("ip") and p.get("ready") and p.get("name", "").startswith(deployment + "-")
+        if p.get("component") == "serving" and p.get("track", "stable") == track and p.get("ip") and p.get("ready")
     ]  # fmt: skip
 
 
@@ -66,7 +67,7 @@ async def _observe(ctx: Ctx, pods: list[dict[str, Any]]) -> tuple[Live | None, s
         source = "prometheus"
     else:
         port = rt.settings.serving_port
-        targets = {p["uid"]: f"http://{p['ip']}:{port}/metrics" for p in _serving_pods(pods, name)}
+        targets = {p["uid"]: f"http://{p['ip']}:{port}/metrics" for p in _serving_pods(pods)}
         window = await rt.scraper(ctx.key).window(targets) if targets else None
         source = "scrape"
     if window is None:
@@ -128,10 +129,7 @@ async def check(
                 ctx.condition("SLOMet", verdict, "SLOMet" if met else "SLOViolated", message)
             rt.metrics.slo_met.labels(*ctx.key).set(1 if met else 0)
             rt.metrics.slo_checks.labels(*ctx.key, "met" if met else "violated").inc()
-    products = {
-        nodes.get(p.get("node") or "")
-        for p in _serving_pods(pods, deployment_name(ctx.isvc, "stable"))
-    }
+    products = {nodes.get(p.get("node") or "") for p in _serving_pods(pods)}
     hardware = hardware_change(
         st.tuning.gpu_product if st.tuning else None, {p for p in products if p}
     )
@@ -150,10 +148,10 @@ async def check(
     elif decision.reason is not None:
         rt.cooldown_noted.pop(ctx.key, None)
         tuning = spec.tuning_spec()
-        seen = rt.traffic_seen.get(ctx.key)
-        if seen is not None:
+        recent = rt.traffic_seen.get(ctx.key)
+        if recent is not None:
             traffic = observed_traffic(
-                tuning.traffic, seen.figures, seen.prompt_p95, seen.output_p95
+                tuning.traffic, recent.figures, recent.prompt_p95, recent.output_p95
             )
             tuning = tuning.model_copy(update={"traffic": traffic})
         product = (

@@ -9,7 +9,7 @@ from typing import Any
 from infertune.operator.drift import Windows
 from infertune.operator.k8s import Kube
 from infertune.operator.metrics import OperatorMetrics
-from infertune.operator.monitor import PrometheusSource, Scraper
+from infertune.operator.monitor import Live, PrometheusSource, Scraper
 from infertune.operator.settings import OperatorSettings
 
 Key = tuple[str, str]  # (namespace, name)
@@ -25,6 +25,7 @@ class Runtime:
     windows: dict[Key, Windows] = field(default_factory=dict)
     last_check: dict[Key, float] = field(default_factory=dict)
     cooldown_noted: dict[Key, str] = field(default_factory=dict)
+    traffic_seen: dict[Key, Live] = field(default_factory=dict)  # last window with enough requests
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     # kopf indices (set by the handlers on each call): pods and nodes seen through watches.
     pods: Any = None
@@ -45,6 +46,7 @@ class Runtime:
             self.windows,
             self.last_check,
             self.cooldown_noted,
+            self.traffic_seen,
             self.locks,
         ):
             table.pop(key, None)  # type: ignore[attr-defined]

@@ -23,6 +23,10 @@ PROMPTS = (
 )
 NEW_TOKENS = 64
 
+# These tests check tokens, not speed. On a shared 2-core machine OpenMP's spinning threads
+# made them 8x slower (35 s with one thread vs 4.5 min with two, measured under load).
+torch.set_num_threads(1)
+
 
 @cache
 def tiny_model() -> Path:
@@ -67,7 +71,9 @@ def hf_reference() -> tuple[Reference, ...]:
     return tuple(refs)
 
 
-def generate_single(runner: ModelRunner, ids: tuple[int, ...], n: int, table: list[int]) -> list[int]:
+def generate_single(
+    runner: ModelRunner, ids: tuple[int, ...], n: int, table: list[int]
+) -> list[int]:
     """Greedy tokens for one sequence alone: one prefill, then one decode step per token."""
     greedy = SamplingParams()
     nxt = runner.execute([StepInput(0, list(ids), 0, table, True, greedy)])[0]

@@ -5,10 +5,9 @@ from __future__ import annotations
 import random
 
 import pytest
+from model_reference import generate_single, prompt_ids, tiny_model
 
 from infertune.engine.runner import ModelRunner, SamplingParams, StepInput
-
-from model_reference import generate_single, prompt_ids, tiny_model
 
 N = 24
 GREEDY = SamplingParams()

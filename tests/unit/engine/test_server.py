@@ -309,3 +309,47 @@ def test_incremental_detokenizer_streams_exactly_the_full_text(tiny: Path) -> No
     deltas.append(detok.flush())
     assert "".join(deltas) == tok.decode(ids)
     assert not any("\ufffd" in d for d in deltas), "a half character was streamed"
+
+
+def test_make_model_cli_reuses_a_matching_checkpoint(
+    tiny: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from infertune.engine.cli import make_model_main
+
+    before = (tiny / "model.safetensors").stat().st_mtime_ns
+    assert make_model_main([str(tiny), "--size", "tiny"]) == 0
+    assert capsys.readouterr().out.strip() == str(tiny)
+    assert (tiny / "model.safetensors").stat().st_mtime_ns == before
+
+
+def test_mixed_abandoned_and_overloaded_traffic_leaves_a_clean_engine(
+    runner: ModelRunner, tiny: Path
+) -> None:
+    async def body(url: str, server: EngineServer) -> None:
+        async with aiohttp.ClientSession() as s:
+
+            async def one(i: int) -> int:
+                req = {"prompt": f"client {i}", "max_tokens": 30, "ignore_eos": True,
+                       "stream": i % 2 == 0}  # fmt: skip
+                async with s.post(f"{url}/v1/completions", json=req) as r:
+                    if r.status != 200:
+                        return r.status
+                    if i % 3 == 0:  # hang up after the first line
+                        await r.content.readline()
+                        r.close()
+                        return 499
+                    await r.read()
+                    return 200
+
+            statuses = await asyncio.gather(*(one(i) for i in range(30)))
+            assert {200, 499} <= set(statuses) <= {200, 499, 503}
+            engine = server.engine
+            for _ in range(300):
+                if not engine.scheduler.has_work and engine.block_manager.usage == 0:
+                    break
+                await asyncio.sleep(0.02)
+            assert engine.block_manager.usage == 0 and not engine.scheduler.has_work
+            async with s.post(f"{url}/v1/completions", json={"prompt": "ok", "max_tokens": 2}) as r:
+                assert r.status == 200
+
+    serve(runner, tiny, body, max_num_seqs=4, max_waiting=8)

@@ -32,7 +32,7 @@ def test_every_adapter_conforms(name: str, cpu: Hardware, gpu: Hardware) -> None
     quant = sorted(adapter.capabilities(gpu).quantizations)[0]
     argv = adapter.command(cfg(name, quant), "/models/m", "0.0.0.0", 8000, served_model_name="m")
     assert "8000" in argv and "/models/m" in argv
-    with pytest.raises(AdapterError, match="not supported by|has no"):
+    with pytest.raises(AdapterError, match=r"not supported by|has no"):
         adapter.launch(Candidate(name, "fp64", 1, 1, 16, False), "/m", "h", 1)
 
 

@@ -145,10 +145,10 @@ def weight_bytes(
     _check_quant(quantization)
     n = linear_params(cfg)
     body = n * QUANT_BITS[quantization] // 8
-    if quantization == "int8":  # one fp32 scale per output channel
-        body += 4 * (cfg.num_hidden_layers * (cfg.q_size + 2 * cfg.kv_size + 2 * cfg.hidden_size))
-        body += 4 * (cfg.num_hidden_layers * 2 * cfg.intermediate_size + cfg.vocab_size)
-    elif quantization == "int4":  # a (scale, zero) pair per group, in the activation dtype
+    if quantization == "int8":  # one bf16 scale per output channel
+        body += 2 * (cfg.num_hidden_layers * (cfg.q_size + 2 * cfg.kv_size + 2 * cfg.hidden_size))
+        body += 2 * (cfg.num_hidden_layers * 2 * cfg.intermediate_size + cfg.vocab_size)
+    elif quantization == "int4":  # a bf16 (scale, zero) pair per group
         body += 2 * 2 * (n // group_size)
     norms = 4 * cfg.hidden_size * (2 * cfg.num_hidden_layers + 1)
     return body + norms

@@ -117,10 +117,18 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
             f"trained tokenizer has {len(vocab)} entries, expected vocab_size={vocab_size}; "
             "the corpus is too small for this vocabulary"
         )
-    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in trained["merges"]]
-    tok = Tokenizer(
-        models.BPE(vocab=vocab, merges=merges, unk_token="<unk>", byte_fallback=True, fuse_unk=True)
+    merges: list[tuple[str, str]] = []
+    for m in trained["merges"]:
+        left, right = m.split(" ", 1) if isinstance(m, str) else m
+        merges.append((str(left), str(right)))
+    bpe = models.BPE(
+        vocab=vocab,
+        merges=merges,
+        unk_token="<unk>",  # noqa: S106 - a token, not a password
+        byte_fallback=True,
+        fuse_unk=True,
     )
+    tok = Tokenizer(bpe)
     tok.pre_tokenizer = metaspace
     tok.decoder = decoders.Sequence(
         [
@@ -143,7 +151,8 @@ def random_weights(spec: ModelSize, seed: int) -> dict[str, torch.Tensor]:
     h, inter = spec.hidden_size, spec.intermediate_size
 
     def normal(out_f: int, in_f: int, gain: float = INIT_GAIN) -> torch.Tensor:
-        return torch.randn(out_f, in_f, generator=gen) * (gain / in_f**0.5)
+        weight: torch.Tensor = torch.randn(out_f, in_f, generator=gen) * (gain / in_f**0.5)
+        return weight
 
     def norm_weight() -> torch.Tensor:
         # Near 1 but not all-ones, so a norm applied to the wrong tensor changes the output.
@@ -153,10 +162,18 @@ def random_weights(spec: ModelSize, seed: int) -> dict[str, torch.Tensor]:
     for i in range(spec.num_hidden_layers):
         p = f"model.layers.{i}"
         tensors[f"{p}.input_layernorm.weight"] = norm_weight()
-        tensors[f"{p}.self_attn.q_proj.weight"] = normal(spec.num_attention_heads * head_dim, h, QK_GAIN)
-        tensors[f"{p}.self_attn.k_proj.weight"] = normal(spec.num_key_value_heads * head_dim, h, QK_GAIN)
-        tensors[f"{p}.self_attn.v_proj.weight"] = normal(spec.num_key_value_heads * head_dim, h, VO_GAIN)
-        tensors[f"{p}.self_attn.o_proj.weight"] = normal(h, spec.num_attention_heads * head_dim, VO_GAIN)
+        tensors[f"{p}.self_attn.q_proj.weight"] = normal(
+            spec.num_attention_heads * head_dim, h, QK_GAIN
+        )
+        tensors[f"{p}.self_attn.k_proj.weight"] = normal(
+            spec.num_key_value_heads * head_dim, h, QK_GAIN
+        )
+        tensors[f"{p}.self_attn.v_proj.weight"] = normal(
+            spec.num_key_value_heads * head_dim, h, VO_GAIN
+        )
+        tensors[f"{p}.self_attn.o_proj.weight"] = normal(
+            h, spec.num_attention_heads * head_dim, VO_GAIN
+        )
         tensors[f"{p}.post_attention_layernorm.weight"] = norm_weight()
         tensors[f"{p}.mlp.gate_proj.weight"] = normal(inter, h)
         tensors[f"{p}.mlp.up_proj.weight"] = normal(inter, h)
@@ -230,8 +247,11 @@ def _recipe_matches(directory: Path, size: str, seed: int) -> bool:
         recipe = json.loads((directory / "infertune_recipe.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return bool(recipe == {"version": RECIPE_VERSION, "size": size, "seed": seed}
-                | {"spec": asdict(_size(size)), "gains": GAINS})
+    return bool(
+        recipe
+        == {"version": RECIPE_VERSION, "size": size, "seed": seed}
+        | {"spec": asdict(_size(size)), "gains": GAINS}
+    )
 
 
 def ensure_model(size: str = "tiny", directory: Path | str | None = None, *, seed: int = 0) -> Path:

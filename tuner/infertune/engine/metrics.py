@@ -95,6 +95,10 @@ class EngineMetrics:
         gauge("vllm:kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).").set_function(
             lambda: stats.kv_usage
         )
+        # vLLM's name for the same gauge before v0.10; older dashboards still query it.
+        gauge("vllm:gpu_cache_usage_perc", "Alias of vllm:kv_cache_usage_perc.").set_function(
+            lambda: stats.kv_usage
+        )
         self._preemptions = Counter(
             "vllm:num_preemptions", "Sequences preempted (recompute).", labels, registry=reg
         ).labels(model_name)

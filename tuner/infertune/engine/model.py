@@ -158,14 +158,15 @@ class LlamaModel:
         h = self.embed[token_ids]
         cos = self.cos[meta.positions].unsqueeze(1)  # [T, 1, hd]
         sin = self.sin[meta.positions].unsqueeze(1)
+        decode_bias = self._decode_bias(meta, kv_cache.shape[4])
         for li, layer in enumerate(self.layers):
             x = rms_norm(h, layer.input_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(x)
-            q = qkv[:, : cfg.q_size].view(num_tokens, nq, hd)
-            k = qkv[:, cfg.q_size : cfg.q_size + cfg.kv_size].view(num_tokens, nkv, hd)
+            # RoPE on q and k together: one pass over [T, q_heads + kv_heads, head_dim].
+            qk = qkv[:, : cfg.q_size + cfg.kv_size].view(num_tokens, nq + nkv, hd)
+            qk = qk * cos + rotate_half(qk) * sin
+            q, k = qk[:, :nq], qk[:, nq:]
             v = qkv[:, cfg.q_size + cfg.kv_size :].view(num_tokens, nkv, hd)
-            q = q * cos + rotate_half(q) * sin
-            k = k * cos + rotate_half(k) * sin
             k_cache, v_cache = kv_cache[li, 0], kv_cache[li, 1]
             # Advanced indices around a slice: the indexed view is [T, kv_heads, head_dim].
             k_cache[meta.slot_blocks, :, meta.slot_offsets] = k
@@ -173,10 +174,12 @@ class LlamaModel:
             attn = torch.empty_like(q)
             if meta.num_decode:
                 nd = meta.num_decode
-                attn[:nd] = self._decode_attention(q[:nd], k_cache, v_cache, meta)
+                attn[:nd] = self._decode_attention(q[:nd], kv_cache[li], meta, decode_bias)
             for chunk in meta.prefills:
                 rows = slice(chunk.row_start, chunk.row_start + chunk.num_tokens)
-                attn[rows] = self._prefill_attention(q[rows], k[rows], v[rows], chunk, k_cache, v_cache)
+                attn[rows] = self._prefill_attention(
+                    q[rows], k[rows], v[rows], chunk, k_cache, v_cache
+                )
             h = h + layer.o(attn.view(num_tokens, cfg.q_size))
             x = rms_norm(h, layer.post_norm, cfg.rms_norm_eps)
             gate_up = layer.gate_up(x)
@@ -185,23 +188,31 @@ class LlamaModel:
         last = rms_norm(h[meta.sample_rows], self.final_norm, cfg.rms_norm_eps)
         return self.lm_head(last).float()
 
+    @staticmethod
+    def _decode_bias(meta: BatchMeta, block_size: int) -> torch.Tensor | None:
+        """``[B, 1, 1, L]`` additive mask hiding each decode row's padded positions (once a step)."""
+        if not meta.num_decode:
+            return None
+        span = meta.decode_block_tables.shape[1] * block_size
+        cols = torch.arange(span, device=meta.positions.device)
+        pad = cols[None, :] >= meta.decode_context_lens[:, None]
+        bias = torch.zeros(pad.shape, dtype=torch.float32, device=pad.device)
+        return bias.masked_fill_(pad, float("-inf"))[:, None, None, :]
+
     def _decode_attention(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: BatchMeta
+        self, q: torch.Tensor, layer_cache: torch.Tensor, meta: BatchMeta, bias: torch.Tensor | None
     ) -> torch.Tensor:
         cfg = self.cfg
         nb = q.shape[0]
         nkv, hd = cfg.num_key_value_heads, cfg.head_dim
         group = cfg.num_attention_heads // nkv
-        tables = meta.decode_block_tables
-        # [B, M, kv, bs, hd] -> [B, kv, M*bs, hd]: one gather + one copy per layer.
-        keys = k_cache[tables].transpose(1, 2).reshape(nb, nkv, -1, hd)
-        values = v_cache[tables].transpose(1, 2).reshape(nb, nkv, -1, hd)
+        # One gather for keys and values: [2, B, M, kv, bs, hd] -> [2, B, kv, M*bs, hd].
+        kv = layer_cache[:, meta.decode_block_tables].transpose(2, 3).reshape(2, nb, nkv, -1, hd)
+        keys, values = kv[0], kv[1]
         qg = q.view(nb, nkv, group, hd)
-        scores = torch.matmul(qg, keys.transpose(2, 3)) * self.scale  # [B, kv, g, L]
-        span = torch.arange(keys.shape[2], device=q.device)
-        pad = span[None, :] >= meta.decode_context_lens[:, None]  # [B, L]
-        scores = scores.masked_fill(pad[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        scores = torch.matmul(qg, keys.transpose(2, 3)).float() * self.scale  # [B, kv, g, L]
+        assert bias is not None
+        probs = torch.softmax(scores + bias, dim=-1).to(q.dtype)
         return torch.matmul(probs, values).view(nb, cfg.num_attention_heads, hd)
 
     def _prefill_attention(

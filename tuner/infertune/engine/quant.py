@@ -24,7 +24,7 @@ PLAIN_DTYPES: dict[str, torch.dtype] = {
 INT4_GROUP_SIZES = (32, 64, 128)
 
 
-class UnsupportedConfig(ValueError):
+class UnsupportedConfig(ValueError):  # noqa: N818 - the name is the runner contract's
     """A knob value this hardware or this build cannot run; the message names the knob."""
 
 
@@ -43,11 +43,10 @@ def activation_dtype(quantization: str, device: str) -> torch.dtype:
     """The dtype activations (and the KV cache) use for a quantization on a device."""
     if quantization in PLAIN_DTYPES:
         return PLAIN_DTYPES[quantization]
-    # The CUDA int4 kernel only takes bf16; on CPU fp32 activations keep int8/int4 comparable to
-    # the fp32 reference (the error then comes from the weights alone).
-    if device.startswith("cuda"):
-        return torch.bfloat16
-    return torch.float32
+    # bf16 activations on every device: the CUDA int4 kernel only takes bf16, and on CPU the
+    # packed int8/int4 kernels are 10-100x slower with fp32 activations (a scalar fallback;
+    # measured here at batch 8: int8 6.3 ms vs 0.25 ms per 1536x256 layer).
+    return torch.bfloat16
 
 
 class PlainLinear:

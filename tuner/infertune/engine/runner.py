@@ -32,9 +32,9 @@ import torch
 
 from infertune.engine.checkpoint import load_tensors
 from infertune.engine.config import LlamaConfig
+from infertune.engine.cuda_graphs import DecodeGraphs
 from infertune.engine.model import BatchMeta, LlamaModel, PrefillChunk
 from infertune.engine.quant import UnsupportedConfig
-from infertune.engine.step import SamplingParams, StepInput
 from infertune.engine.step import SamplingParams, StepInput
 
 __all__ = ["ModelRunner", "SamplingParams", "StepInput", "UnsupportedConfig"]
@@ -56,6 +56,7 @@ class ModelRunner:
         max_num_seqs: int = 32,
         seed: int = 0,
         int4_group_size: int = 64,
+        max_model_len: int | None = None,
     ) -> None:
         if kv_block_size < 1:
             raise UnsupportedConfig(f"kv_block_size={kv_block_size} must be a positive integer")
@@ -86,9 +87,21 @@ class ModelRunner:
                 f"{self.kv_bytes_per_block()} bytes (kv_block_size={kv_block_size})"
             )
         self.num_kv_blocks = int(num_kv_blocks)
-        self.kv_cache = self.model.allocate_kv_cache(self.num_kv_blocks, kv_block_size)
+        # With CUDA Graphs one extra block is the scratch slot of the graphs' padding rows.
+        total_blocks = self.num_kv_blocks + (1 if cuda_graph else 0)
+        self.kv_cache = self.model.allocate_kv_cache(total_blocks, kv_block_size)
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
         self.cuda_graph = cuda_graph
+        self._graphs: DecodeGraphs | None = None
+        if cuda_graph:
+            self._graphs = DecodeGraphs(
+                self.model,
+                self.kv_cache,
+                block_size=kv_block_size,
+                max_num_seqs=max_num_seqs,
+                max_model_len=max_model_len or self.config.max_position_embeddings,
+                scratch_block=self.num_kv_blocks,
+            )
 
     def kv_bytes_per_block(self) -> int:
         cfg = self.config
@@ -104,7 +117,9 @@ class ModelRunner:
         if not batch:
             return []
         logits, sampled_inputs = self.forward_logits(batch)
-        tokens = self._sample(logits, [batch[i].sampling for i in sampled_inputs], batch, sampled_inputs)
+        tokens = self._sample(
+            logits, [batch[i].sampling for i in sampled_inputs], batch, sampled_inputs
+        )
         out: list[int | None] = [None] * len(batch)
         for i, tok in zip(sampled_inputs, tokens, strict=True):
             out[i] = tok
@@ -115,9 +130,7 @@ class ModelRunner:
         """fp32 logits for every input with ``sample=True`` and those inputs' indices."""
         bs = self.block_size
         # Decode rows (one token, something cached) first so attention can batch them.
-        order = sorted(
-            range(len(batch)), key=lambda i: 0 if self._is_decode(batch[i]) else 1
-        )
+        order = sorted(range(len(batch)), key=lambda i: 0 if self._is_decode(batch[i]) else 1)
         tokens: list[int] = []
         positions: list[int] = []
         slot_blocks: list[int] = []
@@ -159,12 +172,23 @@ class ModelRunner:
             slot_blocks=ints(slot_blocks),
             slot_offsets=ints(slot_offsets),
             num_decode=len(decode_tables),
-            decode_block_tables=ints(padded).view(len(padded), width),
+            decode_block_tables=torch.tensor(padded, dtype=torch.int64, device=dev).view(
+                len(padded), width
+            ),
             decode_context_lens=ints(decode_lens),
             prefills=prefills,
             sample_rows=ints(sample_rows),
         )
-        logits = self.model.forward(ints(tokens), meta, self.kv_cache)
+        graphs = self._graphs
+        if (
+            graphs
+            and not prefills
+            and len(sample_rows) == len(tokens)
+            and graphs.fits(len(tokens), width)
+        ):
+            logits = graphs.run(ints(tokens), meta)
+        else:
+            logits = self.model.forward(ints(tokens), meta, self.kv_cache)
         return logits, sampled_inputs
 
     @torch.inference_mode()

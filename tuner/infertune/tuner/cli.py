@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-profile", action="store_true", help="skip ceilings, profile and seeding")
     p.add_argument("--no-quality", action="store_true", help="skip the quality guard")
     p.add_argument("--cpu", action="store_true", help="ignore GPUs (NVML)")
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=60.0,
+        help="seconds without a heartbeat after which another worker's RUNNING trial is failed",
+    )
     p.add_argument("--quiet", action="store_true", help="only the final summary")
     return p
 
@@ -136,7 +142,14 @@ def tune_main(argv: list[str]) -> int:
         return _fail(args.termination_message, "", "invalid spec: " + "; ".join(exc.problems), 2)
     study = args.study_name or f"{args.spec.stem}-{spec_hash(args.spec)}"
     storage = args.storage or f"sqlite:///{(args.out / 'study.db').resolve()}"
+    import warnings
+
+    import optuna
+
     from infertune.tuner.tune import TuneOptions, run_tuning
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
 
     opts = TuneOptions(
         study_name=study,
@@ -146,6 +159,7 @@ def tune_main(argv: list[str]) -> int:
         profile=not args.no_profile,
         quality=not args.no_quality,
         use_gpu=not args.cpu,
+        stale_after=args.stale_after,
         progress=Progress(args.quiet),
         log=(lambda _msg: None) if args.quiet else (lambda msg: print(msg, flush=True)),
     )

@@ -79,7 +79,7 @@ def _plots(result: TuningResult, out: Path, importance: dict[str, float]) -> lis
         fig, ax = plt.subplots(figsize=(6, 3))
         names = list(importance)
         ax.barh(names, [importance[n] for n in names])
-        ax.set_xlabel("importance (fANOVA)")
+        ax.set_xlabel("importance (PED-ANOVA)")
         fig.tight_layout()
         made.append(_save(fig, out / "importance.png", "Parameter importance"))
     return made

@@ -60,7 +60,8 @@ class TuningResult:
 
     @property
     def trials_completed(self) -> int:
-        return sum(1 for t in self.trials if t.outcome != "running")
+        """Trials that spent the budget (not ones still running, nor ones whose worker died)."""
+        return sum(1 for t in self.trials if t.outcome not in ("running", "failed-stale"))
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("trials", "best", "pareto")}

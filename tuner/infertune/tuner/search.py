@@ -21,6 +21,7 @@ from infertune.tuner.candidate import Candidate
 from infertune.tuner.space import Space
 from infertune.tuner.study import (
     DUPLICATE_ATTR,
+    GRACE_PERIOD,
     INFEASIBLE,
     OUTCOME_ATTR,
     SEED_ATTR,
@@ -162,9 +163,10 @@ def run_study(
     multi_objective: bool = False,
     progress: ProgressFn | None = None,
     heartbeat_interval: float = 10.0,
+    stale_after: float = GRACE_PERIOD,
 ) -> None:
     started = time.monotonic()
-    fail_stale(study)
+    fail_stale(study, stale_after)
     measured = recorded(study)
     asks = 0
     while len(counted(study)) < max_trials and time.monotonic() - started < max_seconds:

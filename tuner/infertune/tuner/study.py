@@ -139,6 +139,9 @@ def open_study(
         sampler=sampler,
         directions=directions,
         load_if_exists=True,
+        # Trials stop early on a certain SLO miss (trial.py); a median pruner would also stop
+        # trials whose partial goodput merely trails, including ones that meet every bound.
+        pruner=optuna.pruners.NopPruner(),
     )
 
 
@@ -177,7 +180,10 @@ def fail_stale(study: optuna.Study, grace: float = GRACE_PERIOD) -> list[int]:
         )
         if storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
             failed.append(t.number)
-            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+            if t.params:  # the configuration it was measuring is measured again
+                study.enqueue_trial(
+                    t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False
+                )
     return failed
 
 

@@ -31,7 +31,7 @@ from infertune.tuner.search import (
     run_study,
 )
 from infertune.tuner.space import Space, build_space
-from infertune.tuner.study import DUPLICATE_ATTR, SEED_ATTR, make_sampler, open_study
+from infertune.tuner.study import DUPLICATE_ATTR, SEED_ATTR, STALE_ATTR, make_sampler, open_study
 from infertune.tuner.trial import Measurement, TrialRunner
 
 SEED_COUNT = 3
@@ -46,6 +46,7 @@ class TuneOptions:
     profile: bool = True
     quality: bool = True
     use_gpu: bool = True
+    stale_after: float = 60.0  # seconds without heartbeat before a RUNNING trial is failed
     progress: ProgressFn | None = None
     log: Callable[[str], None] = print
     extra: dict[str, Any] = field(default_factory=dict)
@@ -197,6 +198,7 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
             max_seconds=float(spec.budget.max_duration),
             multi_objective=multi,
             progress=opts.progress,
+            stale_after=opts.stale_after,
         )
     finally:
         runner.close()
@@ -217,6 +219,8 @@ def trial_records(study: optuna.Study, spec: TuningSpec) -> list[TrialRecord]:
         if ev is None:
             reason = t.user_attrs.get("failure_reason") or f"trial {t.state.name.lower()}"
             outcome = "failed" if t.state == TrialState.FAIL else t.state.name.lower()
+            if t.user_attrs.get(STALE_ATTR):
+                outcome = "failed-stale"  # its worker died; the configuration was retried
             out.append(TrialRecord(t.number, dict(t.params), outcome, False, None, reason=reason))
             continue
         out.append(
@@ -294,12 +298,15 @@ def assemble(
 
 
 def importance(study: optuna.Study) -> dict[str, float]:
-    """fANOVA importance of each knob for the objective (empty when too few trials vary)."""
+    """PED-ANOVA importance of each knob for the objective (empty when too few trials vary)."""
     try:
         raw = optuna.importance.get_param_importances(
-            study, target=lambda t: t.values[0] if t.values else 0.0
+            study,
+            # Optuna's default (PED-ANOVA, no scikit-learn needed) ranks knobs by how they
+            # reach *low* targets; the objective is maximised, hence the minus sign.
+            target=lambda t: -t.values[0] if t.values else 0.0,
         )
-    except (ValueError, RuntimeError, ZeroDivisionError):
+    except (ValueError, RuntimeError, ZeroDivisionError, ImportError):
         return {}
     return {k: float(v) for k, v in raw.items()}
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
-from pydantic.alias_generators import to_camel
 
 Engine = Literal["builtin", "vllm", "llamacpp", "sglang"]
 Quantization = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4"]
@@ -27,6 +26,12 @@ ENGINE_QUANTIZATIONS: dict[str, frozenset[str]] = {
     "llamacpp": frozenset({"fp32", "bf16", "fp16", "int8", "int4"}),
     "sglang": frozenset({"bf16", "fp16", "fp8", "int8", "int4"}),
 }
+
+
+def to_camel(name: str) -> str:
+    """snake_case -> camelCase without pydantic's capital after a digit ("e2e" stays "e2e")."""
+    first, *rest = name.split("_")
+    return first + "".join(part[:1].upper() + part[1:] for part in rest)
 
 
 class ApiModel(BaseModel):

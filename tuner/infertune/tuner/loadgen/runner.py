@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from infertune.tuner.api import SLO, TrafficProfile
 from infertune.tuner.loadgen.arrivals import arrival_offsets
-from infertune.tuner.loadgen.client import Client, RequestRecord
+from infertune.tuner.loadgen.client import CANCELLED, Client, RequestRecord
 from infertune.tuner.loadgen.endpoint import Api, Endpoint, encode_request, fetch_json
 from infertune.tuner.loadgen.endpoint import request_body as make_body
 from infertune.tuner.loadgen.lengths import iter_lengths, read_replay
@@ -29,7 +29,6 @@ from infertune.tuner.loadgen.stats import LoadResult, summarize
 T = TypeVar("T")
 ProgressFn = Callable[[LoadResult], None]
 StopFn = Callable[[LoadResult], bool]
-CANCELLED = "cancelled: the run was stopped"
 _SAMPLE_INTERVAL = 0.1  # seconds between in-flight samples (saturation detection)
 
 

@@ -1,0 +1,123 @@
+"""The space keeps what each engine runs here, and the roofline prunes what cannot meet the SLO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from infertune.engine.config import LlamaConfig, weight_bytes
+from infertune.tuner.api import TuningSpec
+from infertune.tuner.hardware import Hardware
+from infertune.tuner.modelprofile import ModelProfile
+from infertune.tuner.planning import prune_by_roofline, rank, seeds
+from infertune.tuner.roofline import (
+    Ceilings,
+    StepModel,
+    classify,
+    decode_floor,
+    predict,
+    prefill_floor,
+)
+from infertune.tuner.space import build_space
+
+TINY = LlamaConfig(
+    hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
+    num_key_value_heads=2, head_dim=32, vocab_size=4096, max_position_embeddings=2048,
+)  # fmt: skip
+
+
+def spec(**search: Any) -> TuningSpec:
+    return TuningSpec.model_validate(
+        {
+            "model": {"uri": "builtin://tiny"},
+            "slo": {"ttft": {"max": "500ms"}, "itl": {"max": "50ms"}},
+            "traffic": {"rate": 4, "numRequests": 20},
+            "search": {"engines": ["builtin"], **search},
+        }
+    )
+
+
+def ceilings(bw_gbps: float = 10.0, flops: float = 1e11) -> Ceilings:
+    return Ceilings("cpu", "test", "f", bw_gbps, {"fp32": flops, "bf16": flops}, 5.0)
+
+
+def test_cpu_space_drops_cuda_graphs_and_gpu_only_engines(cpu: Hardware) -> None:
+    s = build_space(spec(engines=["builtin", "sglang"], quantizations=["fp32", "int8"]), cpu)
+    assert list(s.engines) == ["builtin"]
+    assert s.engines["builtin"].cuda_graph == [False]
+    pruned = {(p.engine, p.knob, str(p.value)) for p in s.pruned}
+    assert ("builtin", "cudaGraph", "True") in pruned
+    assert ("sglang", "engine", "sglang") in pruned
+    assert s.size() == 2 * 6 * 4 * 2  # quants x seqs x tokens x blocks
+    assert all(s.contains(c) for c in s.candidates())
+
+
+def test_gpu_space_keeps_cuda_graphs(gpu: Hardware) -> None:
+    s = build_space(spec(), gpu)
+    assert sorted(s.engines["builtin"].cuda_graph) == [False, True]
+
+
+def test_memory_floor_is_weights_over_bandwidth() -> None:
+    c = ceilings(bw_gbps=1.0, flops=1e15)
+    f = decode_floor(TINY, c, "fp32", 1, 0)
+    assert f.bound == "memory"
+    assert f.memory_ms == pytest.approx(weight_bytes(TINY, "fp32") / 1e9 * 1e3)
+    # int4 reads about an eighth of the bytes, so its decode floor is about an eighth.
+    assert decode_floor(TINY, c, "int4", 1, 0).floor_ms < f.floor_ms / 6
+    assert prefill_floor(TINY, ceilings(bw_gbps=1e6, flops=1e9), "fp32", 512).bound == "compute"
+
+
+def test_classification() -> None:
+    floor = decode_floor(TINY, ceilings(), "fp32", 1, 64)
+    assert classify(floor.floor_ms * 1.2, floor, launch_ms=0.01)[0] == "memory"
+    bound, pct = classify(floor.floor_ms * 50, floor, launch_ms=floor.floor_ms * 40)
+    assert bound == "launch" and pct == pytest.approx(2.0)
+    assert classify(0.0, floor, None) == ("unknown", None)
+
+
+def _profile(c: Ceilings) -> ModelProfile:
+    return ModelProfile(hardware="test", ceilings=c, reference="fp32")
+
+
+def test_precision_whose_decode_floor_exceeds_itl_is_pruned(cpu: Hardware) -> None:
+    s = build_space(spec(quantizations=["fp32", "int4"]), cpu)
+    # fp32 weights of the tiny model are ~21 MB: at 0.3 GB/s a decode step needs ~70ms > 50ms,
+    # while int4 (~3 MB) needs ~10ms.
+    prune_by_roofline(s, spec(), TINY, _profile(ceilings(bw_gbps=0.3, flops=1e12)))
+    assert s.engines["builtin"].quantizations == ["int4"]
+    (why,) = [p for p in s.pruned if p.rule == "roofline"]
+    assert why.value == "fp32" and "decode floor" in why.reason and "50ms" in why.reason
+
+
+def test_when_every_precision_is_hopeless_the_least_hopeless_stays(cpu: Hardware) -> None:
+    s = build_space(spec(quantizations=["fp32", "int4"]), cpu)
+    prune_by_roofline(s, spec(), TINY, _profile(ceilings(bw_gbps=0.001)))
+    assert s.engines["builtin"].quantizations == ["int4"]
+
+
+def test_prediction_saturates_when_batch_limit_is_too_small() -> None:
+    step = StepModel(fixed_ms=20.0, per_token_ms=0.05)
+    kw = dict(rate=8.0, concurrency=None, prompt_tokens=64, output_tokens=32)
+    small = predict(step, max_num_seqs=1, max_num_batched_tokens=512, **kw)  # type: ignore[arg-type]
+    big = predict(step, max_num_seqs=32, max_num_batched_tokens=512, **kw)  # type: ignore[arg-type]
+    assert not small.stable and small.goodput_rps == 0
+    assert big.stable and big.goodput_rps == 8.0
+
+
+def test_seeds_are_the_best_predicted_and_distinct(cpu: Hardware) -> None:
+    sp = spec(quantizations=["fp32", "int8"], maxNumSeqs={"values": [1, 8, 32]})
+    s = build_space(sp, cpu)
+    from infertune.tuner.modelprofile import PhaseResult, PrecisionProfile
+
+    def prec(q: str, fixed: float) -> PrecisionProfile:
+        ph = PhaseResult("decode", 1, fixed, 1, 1, 1, None, "memory", 10.0)
+        return PrecisionProfile(q, 1, 1, 1, ph, ph, ph, StepModel(fixed, 0.01))
+
+    prof = _profile(ceilings())
+    prof.precisions = {"fp32": prec("fp32", 40.0), "int8": prec("int8", 10.0)}
+    ranked = rank(s, sp, prof)
+    assert ranked[0].config.quantization == "int8" and ranked[0].config.max_num_seqs >= 8
+    chosen = seeds(s, sp, prof, 3)
+    keys = {(c.config.quantization, c.config.max_num_seqs) for c in chosen}
+    assert len(chosen) == 3 and len(keys) == 3
