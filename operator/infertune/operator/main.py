@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import secrets
 from collections.abc import Sequence
 
 import kopf
@@ -47,6 +48,9 @@ def operator_main(argv: Sequence[str]) -> int:
                 namespaces=list(settings.namespaces),
                 standalone=settings.peering is None,
                 peering_name=settings.peering,
+                # Replicas of one Deployment share their args, and kopf pauses every peer that ties
+                # for the top priority: a random priority per process lets exactly one be active.
+                priority=secrets.randbelow(1_000_000) + 1 if settings.peering else 0,
                 liveness_endpoint=liveness,
             )
         )

@@ -112,6 +112,8 @@ def build_serve_parser() -> argparse.ArgumentParser:
 
 
 def _model_dir(model: str) -> Path:
+    # The operator passes the spec's URI as is: builtin://SIZE and file:///dir are accepted too.
+    model = model.removeprefix("builtin://").removeprefix("file://")
     path = Path(model)
     if path.is_dir():
         return path
@@ -120,7 +122,8 @@ def _model_dir(model: str) -> Path:
 
         return ensure_model(model)
     raise SystemExit(
-        f"--model {model!r} is neither a checkpoint directory nor one of {', '.join(MODEL_SIZES)}"
+        f"--model {model!r} is neither a checkpoint directory nor one of {', '.join(MODEL_SIZES)} "
+        "(optionally as builtin://SIZE)"
     )
 
 
