@@ -44,13 +44,13 @@ crds: venv
 	$(BIN)/infertune crds --out crds/inferenceservices.infertune.dev.yaml --out charts/infertune/crds/inferenceservices.infertune.dev.yaml
 
 test: venv lint typecheck contracts
-	$(BIN)/python -m pytest -m "not slow" tests
+	$(BIN)/pytest -m "not slow" tests
 
 test-unit: venv
-	$(BIN)/python -m pytest -m "not slow and not cluster" tests
+	$(BIN)/pytest -m "not slow and not cluster" tests
 
 test-slow: venv
-	$(BIN)/python -m pytest -m slow tests
+	$(BIN)/pytest -m slow tests
 
 demo: venv
 	$(BIN)/python scripts/demo.py

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
 
 import devcluster  # noqa: E402
 import node_agent  # noqa: E402
 from kubernetes import client, watch  # noqa: E402
-from tests.integration.operator_harness import (  # noqa: E402
+from operator_harness import (  # noqa: E402
     GROUP,
     PLURAL,
     VERSION,

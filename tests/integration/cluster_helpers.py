@@ -18,7 +18,7 @@ PY = sys.executable
 T = TypeVar("T")
 
 
-def wait_for(fn: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
+def wait_for(fn: Callable[[], T | None], what: str, timeout: float = 60.0, every: float = 0.2) -> T:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -30,7 +30,7 @@ def wait_for(fn: Callable[[], T | None], what: str, timeout: float = 60.0) -> T:
             last = None  # not there yet
         if last:
             return last  # type: ignore[no-any-return]
-        time.sleep(0.2)
+        time.sleep(every)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
 
 

@@ -10,12 +10,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import cluster_helpers
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -35,19 +35,8 @@ T = TypeVar("T")
 def wait_for(
     fn: Callable[[], T | None], what: str, timeout: float = 120.0, every: float = 0.25
 ) -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = fn()
-        except ApiException as e:
-            if e.status != 404:
-                raise
-            last = None
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")
+    """The operator's flows take longer than a bare API round trip: a longer default timeout."""
+    return cluster_helpers.wait_for(fn, what, timeout=timeout, every=every)
 
 
 def operator_kubeconfig(cluster: Any, api: Any, directory: Path) -> Path:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from tests.integration.operator_harness import (
+from operator_harness import (
     GROUP,
     PLURAL,
     ROOT,

@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from tests.integration.operator_harness import OperatorProcess, operator_kubeconfig
-from tests.integration.test_operator_flow import DEMO, condition, wait_phase
+from operator_harness import OperatorProcess, operator_kubeconfig
+from test_operator_flow import DEMO, condition, wait_phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

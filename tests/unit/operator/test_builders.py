@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes_validate import validate
-from tests.unit.operator.conftest import demo_doc, isvc_from
+from operator_samples import demo_doc, isvc_from
 
 from infertune.operator.api import InferenceService, ServingConfig
 from infertune.operator.builders import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from tests.unit.operator.conftest import demo_doc, isvc_from
+from operator_samples import demo_doc, isvc_from
 
 from infertune.operator.api import InferenceServiceStatus, ServingConfig
 from infertune.operator.builders.common import ANN_DESIRED
