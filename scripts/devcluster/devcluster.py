@@ -231,6 +231,30 @@ class Cluster:
             time.sleep(0.1)
         return False
 
+    def stop_apiserver(self, *, graceful: bool = False) -> None:
+        """Stop kube-apiserver alone (etcd keeps every object): clients see refused connections
+        and broken watches until ``start_apiserver()``. Not graceful by default: a crash."""
+        proc = self.procs.get("kube-apiserver")
+        if proc is not None and proc.poll() is None and not graceful:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        self._kill("kube-apiserver")
+
+    def start_apiserver(self, timeout: float = 90.0) -> None:
+        """Bring kube-apiserver back on the same port and credentials (kubeconfigs stay valid)."""
+        proc = self.procs.get("kube-apiserver")
+        if proc is not None and proc.poll() is None:
+            return
+        deadline = time.monotonic() + timeout
+        while not self._start_apiserver(max(1.0, deadline - time.monotonic())):
+            self._kill("kube-apiserver")  # e.g. the port still held for a moment after a crash
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"kube-apiserver did not come back:\n{self.log_tail('kube-apiserver')}"
+                )
+            time.sleep(0.5)
+
     def start_controller_manager(self, *, wait: bool = True, timeout: float = 60.0) -> None:
         """Start kube-controller-manager; with ``wait``, until the `default` ServiceAccount has a token."""
         assert self.creds is not None

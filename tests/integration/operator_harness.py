@@ -29,6 +29,7 @@ GROUP, VERSION, PLURAL = "infertune.dev", "v1alpha1", "inferenceservices"
 SYSTEM_NS = "infertune-system"
 SA = "infertune-operator"
 FAKE_CLI = Path(__file__).resolve().parent / "operator_fake_cli.py"
+REAL_CLI = str(Path(sys.executable).with_name("infertune"))  # the console script of this venv
 T = TypeVar("T")
 
 
@@ -42,7 +43,7 @@ def wait_for(
 def operator_kubeconfig(cluster: Any, api: Any, directory: Path) -> Path:
     """A ServiceAccount bound to exactly rbac.RULES; returns a kubeconfig with its token."""
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
-    with contextlib.suppress(ApiException):
+    with contextlib.suppress(ApiException, RuntimeError):  # exists: a second operator in a session
         cluster.create_namespace(SYSTEM_NS)
     with contextlib.suppress(ApiException):
         core.create_namespaced_service_account(SYSTEM_NS, {"metadata": {"name": SA}})
@@ -77,9 +78,14 @@ class OperatorProcess:
     """`infertune operator` in a subprocess with the SA's kubeconfig; pods run FAKE_CLI."""
 
     def __init__(
-        self, kubeconfig: Path, log: Path, args: Sequence[str] = ("--all-namespaces",)
+        self,
+        kubeconfig: Path,
+        log: Path,
+        args: Sequence[str] = ("--all-namespaces",),
+        command: str = f"{sys.executable} {FAKE_CLI}",
     ) -> None:
         self.kubeconfig, self.log_path, self.args = kubeconfig, log, list(args)
+        self.command = command  # how pods run the `infertune` CLI
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -90,7 +96,7 @@ class OperatorProcess:
             sys.executable, "-c", "import sys; from infertune.cli import main; sys.exit(main())",
             "operator",
             "--metrics-port", str(self.metrics_port), "--monitor-tick", "2", "--drift-min-requests", "5",
-            "--infertune-command", f"{sys.executable} {FAKE_CLI}", *self.args,
+            "--infertune-command", self.command, *self.args,
         ]  # fmt: skip
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(

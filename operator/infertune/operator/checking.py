@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from infertune.operator import canary
 from infertune.operator.api import Observation
 from infertune.operator.builders.deployment import deployment_name
 from infertune.operator.conditions import get_condition
@@ -20,8 +21,8 @@ from infertune.operator.drift import (
     traffic_drift,
     tuned_traffic,
 )
-from infertune.operator.flows import epoch, start_run
-from infertune.operator.monitor import Live, Window, summarise
+from infertune.operator.flows import epoch, roll_out, start_run
+from infertune.operator.monitor import Live, PrometheusError, Window, summarise
 from infertune.operator.runtime import Runtime
 
 MATERIAL = 0.10  # relative change of a figure worth a status write (idle objects must stay quiet)
@@ -57,22 +58,74 @@ def _serving_pods(pods: list[dict[str, Any]], track: str = "stable") -> list[dic
     ]  # fmt: skip
 
 
-async def _observe(ctx: Ctx, pods: list[dict[str, Any]]) -> tuple[Live | None, str]:
+async def _from_prometheus(ctx: Ctx, interval: float, track: str) -> Window | None:
+    """The window from PromQL, or None (with the MetricsSource condition saying why) when
+    Prometheus cannot answer: the caller then reads the pods themselves."""
+    rt, isvc = ctx.rt, ctx.isvc
+    assert rt.prometheus is not None
+    regex = f"{deployment_name(isvc, track)}-[a-z0-9]+-[a-z0-9]+"
+    try:
+        window = await rt.prometheus.window(isvc.namespace, regex, interval)
+    except PrometheusError as exc:
+        # Stable wording (no timestamps, no ports that change) so a steady outage writes once.
+        ctx.condition(
+            "MetricsSource",
+            "False",
+            "PrometheusUnavailable",
+            f"Prometheus at {rt.prometheus.url} did not answer ({exc}); "
+            "reading the serving pods' /metrics directly",
+        )
+        if rt.prometheus_down.get(ctx.key) != str(exc):
+            log.warning("%s/%s: Prometheus unavailable (%s): scraping pods", *ctx.key, exc)
+        rt.prometheus_down[ctx.key] = str(exc)
+        return None
+    if rt.prometheus_down.pop(ctx.key, None) is not None:
+        log.info("%s/%s: Prometheus answers again", *ctx.key)
+    ctx.condition("MetricsSource", "True", "Prometheus", f"PromQL on {rt.prometheus.url}")
+    return window
+
+
+async def _observe(
+    ctx: Ctx, pods: list[dict[str, Any]], track: str = "stable"
+) -> tuple[Live | None, str]:
     rt, isvc = ctx.rt, ctx.isvc
     interval = float(isvc.spec.retune.check_interval)
-    name = deployment_name(isvc, "stable")
     if rt.prometheus is not None:
-        regex = f"{name}-[a-z0-9]+-[a-z0-9]+"
-        window: Window | None = await rt.prometheus.window(isvc.namespace, regex, interval)
-        source = "prometheus"
-    else:
-        port = rt.settings.serving_port
-        targets = {p["uid"]: f"http://{p['ip']}:{port}/metrics" for p in _serving_pods(pods)}
-        window = await rt.scraper(ctx.key).window(targets) if targets else None
-        source = "scrape"
+        window = await _from_prometheus(ctx, interval, track)
+        if window is not None:
+            return summarise(window, isvc.spec.slo), "prometheus"
+    port = rt.settings.serving_port
+    targets = {p["uid"]: f"http://{p['ip']}:{port}/metrics" for p in _serving_pods(pods, track)}
+    key = ctx.key if track == "stable" else canary.canary_key(ctx)
+    window = await rt.scraper(key).window(targets) if targets else None
     if window is None:
-        return None, source
-    return summarise(window, isvc.spec.slo), source
+        return None, "scrape"
+    return summarise(window, isvc.spec.slo), "scrape"
+
+
+async def _check_canary(ctx: Ctx, pods: list[dict[str, Any]]) -> None:
+    run = ctx.status.canary
+    assert run is not None
+    spec = ctx.isvc.spec
+    live, _ = await _observe(ctx, pods, canary.CANARY)
+    if live is not None:
+        met, violating = slo_check(spec.slo, live.at_percentile)
+        run = canary.record(run, met, violating, ctx.now)
+        ctx.status.canary = run
+    now = time.time()
+    started, proving = epoch(run.started_at), epoch(run.proving_since)
+    judgement = canary.judge(
+        run,
+        now - started if started is not None else 0.0,
+        now - proving if proving is not None else None,
+        float(spec.rollout.canary.window),
+        spec.rollout.rollback_on_slo_breach,
+    )
+    if judgement.verdict == "wait":
+        return
+    promoted = await canary.finish(ctx, judgement)
+    if promoted is not None:
+        await roll_out(ctx, promoted)
 
 
 def due(rt: Runtime, key: tuple[str, str], interval: float, now: float) -> bool:
@@ -129,6 +182,11 @@ async def check(
                 ctx.condition("SLOMet", verdict, "SLOMet" if met else "SLOViolated", message)
             rt.metrics.slo_met.labels(*ctx.key).set(1 if met else 0)
             rt.metrics.slo_checks.labels(*ctx.key, "met" if met else "violated").inc()
+    if st.canary is not None:
+        # A canary is the pending answer: judge it; no retune decisions until it is settled.
+        await _check_canary(ctx, pods)
+        await commit(ctx)
+        return
     products = {nodes.get(p.get("node") or "") for p in _serving_pods(pods)}
     hardware = hardware_change(
         st.tuning.gpu_product if st.tuning else None, {p for p in products if p}

@@ -20,7 +20,7 @@ from infertune.operator.conditions import (
 )
 from infertune.operator.reconcile import merge_patch
 from infertune.operator.runtime import Key, Runtime
-from infertune.operator.validation import parse_spec
+from infertune.operator.validation import name_problems, parse_spec
 
 log = logging.getLogger("infertune.operator")
 
@@ -88,9 +88,13 @@ def load(rt: Runtime, body: Any) -> Ctx:
     meta = dict(raw.get("metadata") or {})
     status = load_status(raw.get("status"))
     spec_raw = raw.get("spec")
+    problems = name_problems(meta.get("name"))
+    spec = None
     try:
         spec = parse_spec(spec_raw)
     except ValueError as exc:
+        problems.append(str(exc))
+    if problems or spec is None:
         ctx = Ctx(
             rt,
             raw,
@@ -98,7 +102,7 @@ def load(rt: Runtime, body: Any) -> Ctx:
             status,
             status.model_copy(deep=True),
         )
-        raise InvalidSpecError(ctx, str(exc)) from exc
+        raise InvalidSpecError(ctx, "; ".join(problems))
     isvc = InferenceService.model_validate(
         {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
     )

@@ -3,11 +3,13 @@ Deployment. Handlers (handlers.py) only adapt kopf's calls to these functions.""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
 import kopf
 
+from infertune.operator import canary
 from infertune.operator.api import ServingConfig, TuningRun
 from infertune.operator.builders import (
     RunPlan,
@@ -55,8 +57,19 @@ async def on_spec(rt: Runtime, body: Any, trigger: str) -> None:
         await start_run(ctx, reason, ctx.isvc.spec.tuning_spec())
     if ctx.status.live is not None:
         await ensure_serving(ctx, ctx.status.live)
+    await canary.sync(ctx)
     await commit(ctx)
     rt.metrics.reconciles.labels(trigger, "ok").inc()
+
+
+async def on_first_sight(rt: Runtime, body: Any) -> None:
+    """A valid object never handled before: start its tuning run now (see handlers.first_sight).
+    Invalid specs are left to the create handler, which reports them once."""
+    try:
+        load(rt, body)
+    except InvalidSpecError:
+        return
+    await on_spec(rt, body, "FirstSight")
 
 
 async def start_run(
@@ -79,12 +92,16 @@ async def start_run(
     )
     job_name = plan.job_name(isvc.name)
     previous = st.tuning.job if st.tuning else None
+    # Both at once: one API round trip less between `kubectl apply` and the Job (the pod that
+    # mounts the ConfigMap is only created after the Job, by the Job controller).
+    await asyncio.gather(
+        rt.kube.create(desired_spec_configmap(isvc, job_name, pod_spec)),
+        rt.kube.create(desired_job(isvc, plan, rt.settings)),
+    )
     if previous and previous != job_name:
         # A superseded run: its result is already in the status or no longer wanted.
         await rt.kube.delete("Job", isvc.namespace, previous)
         await rt.kube.delete("ConfigMap", isvc.namespace, previous)
-    await rt.kube.create(desired_spec_configmap(isvc, job_name, pod_spec))
-    await rt.kube.create(desired_job(isvc, plan, rt.settings))
     st.tuning = TuningRun(
         job=job_name,
         study=plan.study_name(isvc.namespace, isvc.name),
@@ -233,7 +250,7 @@ async def _ingest_summary(
     )
     live = st.live
     if live is None or (run.reason in USER_REASONS):
-        await roll_out(ctx, config)
+        await replace_live(ctx, config)
         return
     observed = st.observed
     ok, why = beats_live(
@@ -246,10 +263,26 @@ async def _ingest_summary(
     )
     if ok:
         ctx.history("RetuneAccepted", run.reason or "", why, config.config_hash)
-        await roll_out(ctx, config)
+        await replace_live(ctx, config)
     else:
         ctx.history("RetuneKept", run.reason or "", f"live config kept: {why}", live.config_hash)
         ctx.event("Normal", "RetuneKept", f"live config kept: {why}")
+
+
+async def replace_live(ctx: Ctx, config: ServingConfig) -> None:
+    """A new winner: straight to the stable Deployment, or first as a canary beside the live
+    config when the spec asks for one (the keep-checking loop then promotes or rolls it back)."""
+    live = ctx.status.live
+    wants_canary = ctx.isvc.spec.rollout.canary.enabled
+    if live is not None and wants_canary and live.config_hash != config.config_hash:
+        await canary.start(ctx, config)
+        return
+    if ctx.status.canary is not None:  # superseded by a direct rollout
+        await ctx.rt.kube.delete(
+            "Deployment", ctx.isvc.namespace, deployment_name(ctx.isvc, canary.CANARY)
+        )
+        ctx.status.canary = None
+    await roll_out(ctx, config)
 
 
 async def roll_out(ctx: Ctx, config: ServingConfig) -> None:
@@ -330,4 +363,13 @@ def monotonic() -> float:
     return time.monotonic()
 
 
-__all__ = ["ingest_job", "invalid_spec", "log", "on_deployment", "on_spec", "roll_out", "start_run"]
+__all__ = [
+    "ingest_job",
+    "invalid_spec",
+    "log",
+    "on_deployment",
+    "on_spec",
+    "replace_live",
+    "roll_out",
+    "start_run",
+]

@@ -3,8 +3,9 @@ calls (bodies, indices, memo) to flows.py and checking.py and hold the per-objec
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import kopf
@@ -27,6 +28,30 @@ from infertune.operator.settings import OperatorSettings
 
 ISVC = (GROUP, VERSION, PLURAL)
 OURS = {LABEL_MANAGED: MANAGED_BY}
+EVENT_ATTEMPTS = 6
+log = logging.getLogger("infertune.operator")
+
+
+async def _retrying(what: str, attempt: Callable[[], Awaitable[None]]) -> None:
+    """kopf never retries an on.event handler: a 409, 429 or 5xx while ingesting a finished Job
+    would lose its result for good (no further event comes). Retry here, each attempt from fresh
+    state (the flows re-read the object), sleeping outside the per-object lock."""
+    for n in range(1, EVENT_ATTEMPTS + 1):
+        try:
+            await attempt()
+            return
+        except kopf.TemporaryError as err:
+            if n == EVENT_ATTEMPTS:
+                raise
+            log.info(
+                "%s: %s; attempt %d of %d in %.0fs",
+                what,
+                err,
+                n + 1,
+                EVENT_ATTEMPTS,
+                err.delay or 1,
+            )
+            await asyncio.sleep(float(err.delay or 1.0))
 
 
 def _values(index: Any, key: Any) -> list[Any]:
@@ -49,6 +74,14 @@ def _key(body: Any, *, owner_label: bool) -> tuple[str, str]:
     meta = body.get("metadata", {})
     name = (meta.get("labels") or {}).get(LABEL_ISVC, "") if owner_label else meta.get("name", "")
     return str(meta.get("namespace", "")), str(name)
+
+
+def _never_handled(**kw: Any) -> bool:
+    """A new object's first event (kopf's filter: other events do not even reach the handler)."""
+    body = kw["body"]
+    if kw.get("type") not in (None, "ADDED") or (body.get("status") or {}).get("tuning"):
+        return False
+    return not body.get("metadata", {}).get("deletionTimestamp")
 
 
 def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
@@ -92,6 +125,17 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         async with rt.lock(_key(body, owner_label=False)):
             await flows.on_spec(rt, body, str(kw.get("reason", "")))
 
+    @kopf.on.event(*ISVC, registry=registry, id="first_sight", when=_never_handled)
+    async def first_sight(**kw: Any) -> None:
+        # The keep-checking timer makes kopf add its finalizer before any create handler runs: a
+        # PATCH and another watch event between `kubectl apply` and the Job. A new object's first
+        # event starts the run at once instead; the create handler then finds it started (the
+        # run id is deterministic, creation idempotent) and only checks.
+        body = kw["body"]
+        rt = _rt(kw["memo"])
+        async with rt.lock(_key(body, owner_label=False)):
+            await flows.on_first_sight(rt, body)
+
     for decorator in (kopf.on.create, kopf.on.resume):
         decorator(*ISVC, registry=registry, id="spec")(spec_handler)
     kopf.on.update(*ISVC, field="spec", registry=registry, id="spec")(spec_handler)
@@ -116,8 +160,12 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         rt, body = _rt(kw["memo"]), kw["body"]
         key = _key(body, owner_label=True)
         pods, nodes = _values(kw.get("infertune_pods"), key), _nodes(kw.get("infertune_nodes"))
-        async with rt.lock(key):
-            await flows.ingest_job(rt, dict(body), pods, nodes)
+
+        async def attempt() -> None:
+            async with rt.lock(key):
+                await flows.ingest_job(rt, dict(body), pods, nodes)
+
+        await _retrying(f"ingest Job {body['metadata'].get('name')}", attempt)
 
     @kopf.on.event(
         "apps",
@@ -131,8 +179,12 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         if kw.get("type") == "DELETED":
             return
         rt, body = _rt(kw["memo"]), kw["body"]
-        async with rt.lock(_key(body, owner_label=True)):
-            await flows.on_deployment(rt, dict(body))
+
+        async def attempt() -> None:
+            async with rt.lock(_key(body, owner_label=True)):
+                await flows.on_deployment(rt, dict(body))
+
+        await _retrying(f"track Deployment {body['metadata'].get('name')}", attempt)
 
     @kopf.timer(
         *ISVC, interval=settings.monitor_tick_s, sharp=False, registry=registry, id="keep_checking"

@@ -5,6 +5,7 @@ arithmetic, so both sources give the same numbers for the same traffic."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,6 +150,10 @@ def promql_sum_query(family: str, namespace: str, pod_regex: str, seconds: float
     return f"sum(increase({family}_sum{{{sel}}}[{int(seconds)}s]))"
 
 
+class PrometheusError(Exception):
+    """Prometheus did not answer a query usefully (unreachable, timed out, an error status)."""
+
+
 class PrometheusSource:
     """Bucket increases from the Prometheus HTTP API (`/api/v1/query`)."""
 
@@ -157,14 +162,25 @@ class PrometheusSource:
         self.timeout_s = timeout_s
 
     async def _query(self, session: aiohttp.ClientSession, promql: str) -> list[dict[str, Any]]:
-        async with session.get(
-            f"{self.url}/api/v1/query",
-            params={"query": promql},
-            timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-        ) as r:
-            body = await r.json()
+        try:
+            async with session.get(
+                f"{self.url}/api/v1/query",
+                params={"query": promql},
+                timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+            ) as r:
+                status, text = r.status, await r.text()
+        except TimeoutError:
+            raise PrometheusError(f"no answer within {self.timeout_s:g}s") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise PrometheusError(_short(exc)) from None
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        if not isinstance(body, dict):
+            raise PrometheusError(f"query failed: HTTP {status}, not a Prometheus API answer")
         if body.get("status") != "success":
-            raise RuntimeError(f"Prometheus query failed: {body.get('error', body)}")
+            raise PrometheusError(f"query failed: HTTP {status}: {str(body.get('error'))[:200]}")
         result: list[dict[str, Any]] = body["data"]["result"]
         return result
 
@@ -187,3 +203,9 @@ class PrometheusSource:
                     buckets, float(sums[0]["value"][1]) if sums else 0.0, total
                 )
         return Window(seconds=span, hists=hists)
+
+
+def _short(exc: BaseException) -> str:
+    """A connection error in a few stable words (aiohttp's messages repeat the whole request)."""
+    text = str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {text.splitlines()[0][:200]}"

@@ -26,6 +26,9 @@ class Runtime:
     last_check: dict[Key, float] = field(default_factory=dict)
     cooldown_noted: dict[Key, str] = field(default_factory=dict)
     traffic_seen: dict[Key, Live] = field(default_factory=dict)  # last window with enough requests
+    prometheus_down: dict[Key, str] = field(
+        default_factory=dict
+    )  # last PromQL failure, logged once
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
     # kopf indices (set by the handlers on each call): pods and nodes seen through watches.
     pods: Any = None
@@ -47,6 +50,7 @@ class Runtime:
             self.last_check,
             self.cooldown_noted,
             self.traffic_seen,
+            self.prometheus_down,
             self.locks,
         ):
             table.pop(key, None)  # type: ignore[attr-defined]

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import ValidationError
 
 from infertune.operator.api import API_VERSION, KIND, InferenceService, InferenceServiceSpec
 from infertune.tuner.api.errors import describe_errors
+
+# The name also names the Service (a DNS-1035 label) and is the label value that ties every child to
+# its InferenceService (63 characters at most): a longer or dotted name could never be served.
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def name_problems(name: Any) -> list[str]:
+    """Problems with `metadata.name` beyond what the API server checks (empty when usable)."""
+    if not isinstance(name, str) or not name:
+        return ["metadata.name: required field is missing"]
+    if len(name) > 63 or not _DNS1035_LABEL.match(name):
+        return [
+            f"metadata.name: {name[:70]!r} must be a DNS-1035 label (at most 63 lowercase letters, "
+            "digits or '-', starting with a letter, ending with a letter or digit): it names the "
+            "Service and labels every child"
+        ]
+    return []
 
 
 def spec_problems(spec: Any) -> list[str]:
@@ -35,9 +53,7 @@ def manifest_problems(doc: Any) -> list[str]:
         problems.append(f"apiVersion: {doc.get('apiVersion')!r} is not allowed; use {API_VERSION}")
     if doc.get("kind") != KIND:
         problems.append(f"kind: {doc.get('kind')!r} is not allowed; use {KIND}")
-    name = (doc.get("metadata") or {}).get("name")
-    if not name:
-        problems.append("metadata.name: required field is missing")
+    problems += name_problems((doc.get("metadata") or {}).get("name"))
     if problems:
         return problems
     try:

@@ -11,10 +11,10 @@ from infertune.engine.runner import ModelRunner
 pytest.importorskip("transformers")
 
 # bf16 keeps 8 mantissa bits and the tiny model's residual stream is bf16 too, so a logit moves
-# by up to ~5-7 % of the top logit (measured). Greedy tokens therefore can only differ from the
-# fp32 reference where the reference's top-2 margin is that small: the test requires identical
-# 64-token continuations on at least 7 of the 8 prompts, and that any divergence sits at such a
-# near-tie (a divergence at a clearly decided token would be a bug, not rounding).
+# by up to ~5-7 % of the top logit (measured); the teacher-forced error is bounded by that. The
+# checkpoint generator gives every greedy choice a margin wider than that error (make_model's
+# recipe 3, where the measurement is), so all 8 continuations must equal the fp32 reference; a
+# divergence reports the reference's margin there, to tell rounding from a bug.
 BF16_MAX_REL_ERR = 0.10
 
 
@@ -40,23 +40,20 @@ def test_fp32_logits_match_transformers() -> None:
 
 def test_bf16_greedy_equals_fp32_transformers() -> None:
     runner = ModelRunner(tiny_model(), quantization="bf16", kv_block_size=16, num_kv_blocks=64)
-    identical = 0
-    for ids, ref in zip(prompt_ids(), hf_reference(), strict=True):
+    diverged = []
+    for p, (ids, ref) in enumerate(zip(prompt_ids(), hf_reference(), strict=True)):
         seq = list(ids) + list(ref.tokens)
         forced = runner.score(seq)[len(ids) - 1 : len(seq) - 1]
         rel_err = (forced - ref.logits).abs().amax(dim=-1) / ref.logits.abs().amax(dim=-1)
         assert float(rel_err.max()) < BF16_MAX_REL_ERR
         tokens = generate_single(runner, ids, NEW_TOKENS, list(range(8)))
-        if tokens == list(ref.tokens):
-            identical += 1
-            continue
-        first = next(i for i, (a, b) in enumerate(zip(tokens, ref.tokens, strict=True)) if a != b)
-        margin = float(_rel_margins(ref.logits)[first])
-        assert margin < 2 * float(rel_err[first]), (
-            f"bf16 diverged at token {first} where fp32's margin {margin:.4f} exceeds twice "
-            f"the bf16 logit error {float(rel_err[first]):.4f}"
-        )
-    assert identical >= 7, f"only {identical}/8 bf16 continuations equal the fp32 reference"
+        if tokens != list(ref.tokens):
+            first = next(
+                i for i, (a, b) in enumerate(zip(tokens, ref.tokens, strict=True)) if a != b
+            )
+            margin = float(_rel_margins(ref.logits)[first])
+            diverged.append(f"prompt {p} at token {first} (fp32 margin {margin:.4f})")
+    assert not diverged, f"bf16 greedy differs from the fp32 reference: {diverged}"
 
 
 @pytest.mark.parametrize(

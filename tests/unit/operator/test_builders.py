@@ -227,3 +227,28 @@ def test_unknown_engine_image_names_the_flag(isvc: InferenceService, config: Ser
     settings = OperatorSettings(engine_images={"builtin": "x"})
     with pytest.raises(ValueError, match="--engine-image vllm=IMAGE"):
         desired_deployment(isvc, config.model_copy(update={"engine": "vllm"}), settings)
+
+
+@pytest.mark.parametrize(
+    ("engine", "entry"),
+    [
+        ("vllm", ["python3", "-m", "vllm.entrypoints.openai.api_server"]),
+        ("sglang", ["python3", "-m", "sglang.launch_server"]),
+    ],
+)
+def test_external_engine_runs_the_images_entry_point_not_a_local_path(
+    isvc: InferenceService,
+    settings: OperatorSettings,
+    config: ServingConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    engine: str,
+    entry: list[str],
+) -> None:
+    # The tuning machine's vLLM venv must not leak into the pod spec.
+    monkeypatch.setenv("INFERTUNE_VLLM_PYTHON", "/home/someone/.cache/venvs/vllm/bin/python")
+    knobs = {"engine": engine, "quantization": "bf16", "max_num_seqs": 4}
+    dep = desired_deployment(isvc, config.model_copy(update=knobs), settings)
+    command = pod_spec(dep)["containers"][0]["command"]
+    assert command[:3] == entry, command
+    assert not any("/.cache/" in a or "venv" in a for a in command), command
+    assert "4" in command  # the tuned knobs still reach the server

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 from typing import Any
 
 import pytest
@@ -12,7 +13,14 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from infertune.operator.histograms import E2E, ITL, OUTPUT, PROMPT, TTFT, parse_exposition
 from infertune.operator.histograms import Histogram as Hist
-from infertune.operator.monitor import Scraper, Window, promql_bucket_query, summarise
+from infertune.operator.monitor import (
+    PrometheusError,
+    PrometheusSource,
+    Scraper,
+    Window,
+    promql_bucket_query,
+    summarise,
+)
 from infertune.tuner.api import SLO
 
 BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
@@ -137,3 +145,43 @@ def test_promql_selects_the_deployments_pods() -> None:
         "sum by (le) (increase(vllm:time_to_first_token_seconds_bucket"
         '{namespace="team-a",pod=~"tiny-demo-[a-z0-9]+-[a-z0-9]+"}[60s]))'
     )
+
+
+def test_prometheus_failures_are_one_error_type_with_a_short_reason() -> None:
+    """The monitor falls back to scraping pods on PrometheusError; every way Prometheus can fail
+    must surface as that error, with a message stable enough for a condition."""
+
+    async def scenario() -> list[str]:
+        app = web.Application()
+
+        async def bad_query(_request: web.Request) -> web.Response:
+            return web.json_response(
+                {"status": "error", "errorType": "bad_data", "error": "parse error"}, status=400
+            )
+
+        async def not_json(_request: web.Request) -> web.Response:
+            return web.Response(text="<html>proxy error</html>", status=502)
+
+        app.router.add_get("/bad/api/v1/query", bad_query)
+        app.router.add_get("/html/api/v1/query", not_json)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        with socket.socket() as s:  # a port nobody listens on
+            s.bind(("127.0.0.1", 0))
+            closed = s.getsockname()[1]
+        messages = []
+        for url in (f"http://127.0.0.1:{port}/bad", f"http://127.0.0.1:{port}/html",
+                    f"http://127.0.0.1:{closed}"):  # fmt: skip
+            with pytest.raises(PrometheusError) as err:
+                await PrometheusSource(url, timeout_s=2).window("ns", "x-.*", 30)
+            messages.append(str(err.value))
+        await runner.cleanup()
+        return messages
+
+    bad, html, closed = asyncio.run(scenario())
+    assert "parse error" in bad
+    assert "query failed" in html
+    assert "Connect" in closed and len(closed) < 300

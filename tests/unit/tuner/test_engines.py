@@ -72,7 +72,7 @@ def test_vllm_flags() -> None:
 def test_llamacpp_flags() -> None:
     a = get_adapter("llamacpp")
     argv = a.command(cfg("llamacpp", "int4"), "/m/model.gguf", "127.0.0.1", 9000)
-    assert flag(argv, "-m") == "/m/model.gguf"
+    assert flag(argv, "--model") == "/m/model.gguf"
     assert flag(argv, "-np") == "16"
     assert flag(argv, "-b") == "1024"
     assert flag(argv, "-ub") == "512"

@@ -121,3 +121,73 @@ def test_seeds_are_the_best_predicted_and_distinct(cpu: Hardware) -> None:
     chosen = seeds(s, sp, prof, 3)
     keys = {(c.config.quantization, c.config.max_num_seqs) for c in chosen}
     assert len(chosen) == 3 and len(keys) == 3
+
+
+def _flat_profile(fixed: float, per_token: float) -> ModelProfile:
+    from infertune.tuner.modelprofile import PhaseResult, PrecisionProfile
+
+    ph = PhaseResult("decode", 1, fixed, 1, 1, 1, None, "memory", 10.0)
+    prof = _profile(ceilings())
+    step = StepModel(fixed, per_token)
+    prof.precisions = {"fp32": PrecisionProfile("fp32", 1, 1, 1, ph, ph, ph, step)}
+    return prof
+
+
+def test_predicted_ties_prefer_batching_when_itl_has_room(cpu: Hardware) -> None:
+    # A light load every batch limit can serve: goodput is predicted equal (the whole rate) for all.
+    # The seeds must not be the unbatched max_num_seqs=1 (last session's tie-break did that).
+    sp = spec(quantizations=["fp32"], maxNumSeqs={"values": [1, 4, 16]})
+    s = build_space(sp, cpu)
+    prof = _flat_profile(2.0, 0.001)
+    ranked = rank(s, sp, prof)
+    assert ranked[0].prediction.goodput_rps == ranked[-1].prediction.goodput_rps == 4.0
+    assert ranked[0].config.max_num_seqs == 16
+    assert [c.config.max_num_seqs for c in seeds(s, sp, prof, 3)] == [16, 4, 1]
+    assert seeds(s, sp, prof, 1)[0].config.max_num_seqs == 16
+
+
+def test_predicted_ties_prefer_lower_itl_when_itl_binds(cpu: Hardware) -> None:
+    # A step takes ~41ms against a 50ms ITL bound: the ITL binds, so among tied configurations
+    # the one with the lower predicted ITL comes first.
+    sp = spec(quantizations=["fp32"], maxNumSeqs={"values": [8, 16, 32]})
+    s = build_space(sp, cpu)
+    ranked = rank(s, sp, _flat_profile(41.0, 0.02))
+    tied = [r for r in ranked if r.score == ranked[0].score]
+    assert len(tied) > 1 and all(r.prediction.itl_ms >= 0.8 * 50 for r in tied)
+    itls = [r.prediction.itl_ms for r in tied]
+    assert itls == sorted(itls)
+    # Equal predicted ITL: the smaller prefill chunk first (it cannot lengthen a decode step).
+    assert ranked[0].config.max_num_batched_tokens == min(
+        sp.search.max_num_batched_tokens.candidates()
+    )
+
+
+def test_emulated_bf16_does_not_prune_packed_int4(cpu: Hardware) -> None:
+    # An AVX2-only CPU: bf16 matmuls are emulated (~50x slower than fp32). int4 runs a packed
+    # kernel, not a bf16 matmul, so its floor must not use the bf16 peak (it would prune int4
+    # with a "floor" far above what the engine measures), while bf16 itself is rightly pruned.
+    slow_bf16 = Ceilings("cpu", "test", "f", 10.0, {"fp32": 3e10, "bf16": 3e8}, 5.0)
+    sp = spec(quantizations=["fp32", "bf16", "int4"])
+    s = build_space(sp, cpu)
+    prune_by_roofline(s, sp, TINY, _profile(slow_bf16))
+    assert s.engines["builtin"].quantizations == ["fp32", "int4"]
+    (why,) = [p for p in s.pruned if p.rule == "roofline"]
+    assert why.value == "bf16" and "prefill floor" in why.reason
+
+
+def test_a_floor_above_the_measured_time_does_not_prune(cpu: Hardware) -> None:
+    # The bf16 ceiling was measured low (a busy machine): its "floor" for the prompt is above
+    # what the profiler just measured for that very prompt, so it cannot prove the SLO hopeless.
+    from infertune.tuner.modelprofile import PhaseResult, PrecisionProfile
+
+    slow_bf16 = Ceilings("cpu", "test", "f", 10.0, {"fp32": 3e10, "bf16": 3e8}, 5.0)
+    sp = spec(quantizations=["fp32", "bf16"])
+    prompt = round(sp.traffic.prompt_tokens.expected)
+    prefill = PhaseResult("prefill", prompt, 40.0, 1, 1, 1, None, "compute", 10.0)
+    decode = PhaseResult("decode", 1, 5.0, 1, 1, 1, None, "memory", 10.0)
+    prof = _profile(slow_bf16)
+    step = StepModel(5.0, 0.3)
+    prof.precisions = {"bf16": PrecisionProfile("bf16", 1, 1, 1, prefill, decode, decode, step)}
+    s = build_space(sp, cpu)
+    prune_by_roofline(s, sp, TINY, prof)
+    assert s.engines["builtin"].quantizations == ["fp32", "bf16"]

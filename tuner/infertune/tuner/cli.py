@@ -11,7 +11,9 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from infertune.tuner.api.load import SpecError, load_tuning_spec
@@ -132,8 +134,16 @@ def _fail(termination: Path | None, study: str, message: str, code: int) -> int:
     return code
 
 
+def _exit_on_sigterm() -> None:
+    """SIGTERM (the Job deleted, a supervisor stopping us) unwinds like an exception, so the
+    trial runner's `finally` stops the engine it started instead of leaving it orphaned."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
 def tune_main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    _exit_on_sigterm()
     if args.max_trials is not None and args.max_trials < 1:
         return _fail(args.termination_message, "", "--max-trials must be at least 1", 2)
     try:

@@ -30,8 +30,11 @@ def prune_by_roofline(
         for q in list(e.quantizations):
             reasons: list[str] = []
             worst = 0.0
+            measured = profile.precisions.get(q)
             if slo.itl is not None:
                 floor = decode_floor(cfg, ceilings, q, 1, prompt).floor_ms
+                if measured is not None:
+                    floor = _credible(floor, measured.decode.measured_ms)
                 worst = max(worst, floor / slo.itl.max.ms)
                 if floor > slo.itl.max.ms:
                     reasons.append(
@@ -39,6 +42,8 @@ def prune_by_roofline(
                     )
             if slo.ttft is not None:
                 floor = prefill_floor(cfg, ceilings, q, prompt).floor_ms
+                if measured is not None and measured.prefill.tokens == prompt:
+                    floor = _credible(floor, measured.prefill.measured_ms)
                 worst = max(worst, floor / slo.ttft.max.ms)
                 if floor > slo.ttft.max.ms:
                     reasons.append(
@@ -53,6 +58,13 @@ def prune_by_roofline(
             verdicts.pop(keep)
         for q, (_, why) in verdicts.items():
             space.drop_quantization(engine, q, why, "roofline")
+
+
+def _credible(floor_ms: float, measured_ms: float) -> float:
+    """A floor above a measured time is no floor (its ceiling was measured low, e.g. on a busy
+    machine, or the kernel is not the plain matmul the ceiling timed): never prune above what
+    this machine has already done."""
+    return min(floor_ms, measured_ms) if measured_ms > 0 else floor_ms
 
 
 @dataclass
@@ -73,8 +85,37 @@ def _score(p: Prediction, spec: TuningSpec) -> float:
     return p.goodput_rps if over <= 0 else -over
 
 
+# Predicted scores within this share of each other are a tie: the step-time model is too crude to
+# rank them, and below saturation every stable configuration is predicted to serve the whole rate.
+TIE_SHARE = 0.02
+# ITL "binds" when the predicted inter-token latency uses this share of its bound or more.
+ITL_BINDS = 0.8
+
+
+def _tie_break(p: Prediction, c: Candidate, spec: TuningSpec) -> tuple[float, ...]:
+    """Order among predicted ties (smaller first).
+
+    Batching is what raises throughput (and headroom for bursts above the mean rate), and larger
+    prefill chunks cut TTFT, so the larger batch and token limits come first -- unless the ITL
+    bound binds, where every extra sequence or prefill token in a step lengthens each token's
+    gap, and the configuration with the lower predicted ITL comes first (after every tied
+    configuration whose ITL does not bind).
+    """
+    itl = spec.slo.itl
+    if itl is not None and p.itl_ms >= ITL_BINDS * itl.max.ms:
+        return (1.0, p.itl_ms, -c.max_num_seqs, c.max_num_batched_tokens)
+    capacity = c.max_num_seqs / max(p.e2e_ms, 1e-9)  # requests/ms the batch limit can retire
+    return (0.0, -capacity, -c.max_num_batched_tokens, p.ttft_ms)
+
+
+def _bucket(score: float, best: float) -> int:
+    """Scores within TIE_SHARE of each other (relative to the best) share a bucket."""
+    scale = max(abs(best), 1e-9) * TIE_SHARE
+    return -round(score / scale)
+
+
 def rank(space: Space, spec: TuningSpec, profile: ModelProfile) -> list[Seed]:
-    """Every candidate, best predicted first (ties broken by the smaller configuration)."""
+    """Every candidate, best predicted first (ties broken by `_tie_break`)."""
     t = spec.traffic
     out: list[Seed] = []
     for c in space.candidates():
@@ -90,8 +131,14 @@ def rank(space: Space, spec: TuningSpec, profile: ModelProfile) -> list[Seed]:
             max_num_batched_tokens=c.max_num_batched_tokens,
         )
         out.append(Seed(c, p, _score(p, spec)))
+    best = max((s.score for s in out), default=0.0)
     out.sort(
-        key=lambda s: (-s.score, s.config.max_num_seqs, s.config.max_num_batched_tokens, s.config)
+        key=lambda s: (
+            _bucket(s.score, best),
+            *_tie_break(s.prediction, s.config, spec),
+            s.config.kv_block_size,
+            s.config.quantization,
+        )
     )
     return out
 

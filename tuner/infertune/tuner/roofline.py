@@ -62,19 +62,41 @@ class Ceilings:
         )
 
 
-def compute_dtype(quantization: str, device: str) -> str:
-    """The dtype the matmuls run in (weight-only quantizations dequantize to the activation dtype).
+PLAIN = ("fp32", "bf16", "fp16")
 
-    Mirrors the built-in engine's `quant.activation_dtype`: fp32 activations for int8/int4/fp8 on
-    CPU, bf16 on GPU.
+
+def compute_dtype(quantization: str, device: str) -> str:
+    """The activation dtype (and KV-cache dtype) of a precision.
+
+    Mirrors the built-in engine's `quant.activation_dtype`: bf16 activations for int8/int4/fp8 on
+    every device (torch's packed int8/int4 CPU kernels fall back to a scalar path with fp32
+    activations, and the CUDA int4 kernel takes bf16 only).
     """
-    if quantization in ("fp32", "bf16", "fp16"):
+    if quantization in PLAIN:
         return quantization
-    return "bf16" if device.startswith("cuda") else "fp32"
+    return "bf16"
 
 
 def kv_dtype(quantization: str, device: str) -> str:
     return compute_dtype(quantization, device)
+
+
+def ceiling_dtypes(quantizations: list[str]) -> set[str]:
+    """The matmul dtypes whose peak the floors of these precisions need (see `floor_flops`)."""
+    return {q for q in quantizations if q in PLAIN} | {"fp32"}
+
+
+def floor_flops(ceilings: Ceilings, quantization: str) -> float:
+    """The FLOP/s a floor divides by: the measured matmul peak of a plain precision's dtype.
+
+    A weight-only quantized layer runs a packed kernel, not a plain matmul in its activation
+    dtype: on CPUs without native bf16 (AVX2 only) a bf16 matmul is emulated and ~50x slower than
+    fp32, while the packed int8/int4 kernels are not. A floor must never exceed what the kernel
+    can reach, so these take the fastest measured peak.
+    """
+    if quantization in PLAIN:
+        return ceilings.flops_for(quantization)
+    return max(ceilings.peak_flops.values())
 
 
 @dataclass(frozen=True)
@@ -97,29 +119,27 @@ def prefill_floor(
     cfg: LlamaConfig, ceilings: Ceilings, quantization: str, prompt_tokens: int
 ) -> PhaseFloor:
     """One prompt of `prompt_tokens` in one step: every weight read once, FLOPs for every token."""
-    dtype = compute_dtype(quantization, ceilings.device)
     flops = float(sum(flops_per_token(cfg, i) for i in range(0, prompt_tokens, 1)))
     kv = kv_bytes_per_token(cfg, kv_dtype(quantization, ceilings.device)) * prompt_tokens
     moved = float(weight_bytes(cfg, quantization) + kv)
-    return _floor(flops, moved, ceilings, dtype)
+    return _floor(flops, moved, ceilings, quantization)
 
 
 def decode_floor(
     cfg: LlamaConfig, ceilings: Ceilings, quantization: str, batch: int, context: int
 ) -> PhaseFloor:
     """One decode step of `batch` sequences, each attending over `context` cached tokens."""
-    dtype = compute_dtype(quantization, ceilings.device)
     flops = float(batch * flops_per_token(cfg, context))
     kv = kv_bytes_per_token(cfg, kv_dtype(quantization, ceilings.device)) * batch * context
     moved = float(weight_bytes(cfg, quantization) + kv)
-    return _floor(flops, moved, ceilings, dtype)
+    return _floor(flops, moved, ceilings, quantization)
 
 
-def _floor(flops: float, moved: float, ceilings: Ceilings, dtype: str) -> PhaseFloor:
+def _floor(flops: float, moved: float, ceilings: Ceilings, quantization: str) -> PhaseFloor:
     return PhaseFloor(
         flops=flops,
         bytes=moved,
-        compute_ms=flops / ceilings.flops_for(dtype) * 1e3,
+        compute_ms=flops / floor_flops(ceilings, quantization) * 1e3,
         memory_ms=moved / (ceilings.memory_bandwidth_gbps * 1e9) * 1e3,
     )
 

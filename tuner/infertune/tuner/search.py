@@ -166,10 +166,14 @@ def run_study(
     stale_after: float = GRACE_PERIOD,
 ) -> None:
     started = time.monotonic()
-    fail_stale(study, stale_after)
     measured = recorded(study)
     asks = 0
-    while len(counted(study)) < max_trials and time.monotonic() - started < max_seconds:
+    while True:
+        # Before every trial, not only at start: a retried Job pod starts well within the grace
+        # period, and the trial its killed predecessor left RUNNING goes stale only later.
+        fail_stale(study, stale_after)
+        if len(counted(study)) >= max_trials or time.monotonic() - started >= max_seconds:
+            break
         asks += 1
         if asks > 4 * max_trials + 20:  # the sampler keeps proposing measured points: converged
             break

@@ -46,7 +46,11 @@ def storage_for(url: str | None) -> optuna.storages.BaseStorage | None:
         path = Path(url.removeprefix("journal://"))
         path.parent.mkdir(parents=True, exist_ok=True)
         return JournalStorage(JournalFileBackend(str(path)))
-    if url.startswith(("sqlite://", "postgresql://", "postgresql+psycopg2://", "mysql://")):
+    if url.startswith("postgresql://"):
+        # SQLAlchemy >= 2.1 maps a bare postgresql:// to psycopg 3; the `storage` extra (and the
+        # image) install psycopg2, so say which driver to use.
+        url = "postgresql+psycopg2://" + url.removeprefix("postgresql://")
+    if url.startswith(("sqlite://", "postgresql+psycopg2://", "postgresql+psycopg://", "mysql://")):
         if url.startswith("sqlite:///"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
         return optuna.storages.RDBStorage(url, engine_kwargs={"pool_pre_ping": True})

@@ -159,6 +159,7 @@ class TrialRunner:
         adapters: dict[str, EngineAdapter] | None = None,
         served_model_name: str | None = None,
         seed: int = 0,
+        stop_on_violation: bool = True,
     ) -> None:
         self.spec = spec
         self.model_dir = model_dir
@@ -167,6 +168,9 @@ class TrialRunner:
         self.adapters = adapters or {}
         self.served_model_name = served_model_name or spec.model.served_name
         self.seed = seed
+        # A study stops a trial once its SLO is certainly missed; a benchmark comparing goodput
+        # runs the whole load instead (goodput over a cut-short run is not comparable).
+        self.stop_on_violation = stop_on_violation
         self.engine: EngineProcess | None = None
         self.restarts = 0
 
@@ -207,7 +211,11 @@ class TrialRunner:
         except AdapterError as exc:
             raise TrialError("unsupported", str(exc)) from exc
         self.restarts += 1
-        engine.start(timeout)
+        try:
+            engine.start(timeout)
+        except BaseException:  # SIGTERM (SystemExit) while it boots must not orphan it
+            engine.stop()
+            raise
         self.engine = engine
         return engine, False
 
@@ -242,7 +250,11 @@ class TrialRunner:
             if report is not None and report(step[0], float(snapshot.goodput or 0.0)):
                 stop_reason.append("pruned: the study's pruner stopped it")
                 return True
-            why = certain_violation(snapshot, self.spec.slo, planned, out_tokens)
+            why = (
+                certain_violation(snapshot, self.spec.slo, planned, out_tokens)
+                if self.stop_on_violation
+                else None
+            )
             if why:
                 stop_reason.append(f"SLO already missed: {why}")
                 return True

@@ -21,7 +21,7 @@ from infertune.tuner.modelprofile import ModelProfile
 from infertune.tuner.planning import prune_by_roofline, seeds
 from infertune.tuner.quality import QualityResult
 from infertune.tuner.result import TrialRecord, TuningResult, binding_constraint
-from infertune.tuner.roofline import compute_dtype
+from infertune.tuner.roofline import ceiling_dtypes
 from infertune.tuner.search import (
     Evaluation,
     ProgressFn,
@@ -98,12 +98,16 @@ class QualityCache:
 
 
 def _evaluation(m: Measurement, quality: QualityResult | None) -> Evaluation:
+    reason = m.reason
+    if m.failure_kind and reason and not reason.startswith(m.failure_kind):
+        # The kind (crash, oom, timeout, unsupported) is what a reader of the report looks for.
+        reason = f"{m.failure_kind}: {reason}"
     return Evaluation(
         config=m.config,
         outcome=m.status,
         figures=m.figures,
         margins_ms=m.margins_ms,
-        reason=m.reason,
+        reason=reason,
         peak_memory_bytes=m.peak_memory_bytes,
         startup_s=m.startup_s,
         quality=None if quality is None else quality.to_dict(),
@@ -139,7 +143,7 @@ def profile_and_plan(
     from infertune.tuner.profiler import profile_model
 
     quants = sorted({q for e in space.engines.values() for q in e.quantizations})
-    dtypes = {compute_dtype(q, hardware.device) for q in quants}
+    dtypes = ceiling_dtypes(quants)
     opts.log(f"measuring ceilings on {hardware.describe()} (cached per machine)")
     ceilings = load_or_measure(hardware, dtypes)
     opts.log(
@@ -161,6 +165,11 @@ def profile_and_plan(
     return profile, [s.config for s in seeds(space, spec, profile, SEED_COUNT)]
 
 
+def startup_trials(seed_count: int, max_trials: int) -> int:
+    """Trials before TPE models the objective: the seeds, then a few random ones for contrast."""
+    return max(seed_count + 2, min(10, max_trials // 3))
+
+
 def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
     started = time.monotonic()
     hardware = discover(use_gpu=opts.use_gpu)
@@ -180,7 +189,7 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
         space,
         seed=seed,
         multi_objective=multi,
-        startup_trials=max(len(seed_configs) + 2, min(10, max_trials // 3)),
+        startup_trials=startup_trials(len(seed_configs), max_trials),
     )
     study = open_study(opts.study_name, opts.storage, sampler, multi_objective=multi)
     if enqueue_seeds(study, space, seed_configs):

@@ -21,6 +21,7 @@ from infertune.operator.api.spec import (
 )
 from infertune.operator.api.status import (
     CONDITION_TYPES,
+    CanaryRun,
     Condition,
     Figures,
     HistoryEntry,
@@ -41,6 +42,7 @@ __all__ = [
     "SINGULAR",
     "VERSION",
     "Canary",
+    "CanaryRun",
     "Condition",
     "DriftThresholds",
     "Figures",

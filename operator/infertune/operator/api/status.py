@@ -100,6 +100,22 @@ class HistoryEntry(ApiModel):
     config_hash: str | None = None
 
 
+class CanaryRun(ApiModel):
+    """A new config serving beside the live one on a share of replicas, until it proves itself."""
+
+    config: ServingConfig
+    started_at: str
+    replicas: int = 1
+    proving_since: str | None = Field(
+        default=None,
+        description="First check with traffic on the canary: the window runs from here.",
+    )
+    checks_met: int = Field(
+        default=0, description="Check windows with traffic in which it met the SLOs."
+    )
+    violating: list[str] = Field(default_factory=list, description="What it missed, if it did.")
+
+
 class InferenceServiceStatus(ApiModel):
     observed_generation: int | None = None
     phase: str | None = Field(
@@ -111,5 +127,6 @@ class InferenceServiceStatus(ApiModel):
     best: ServingConfig | None = None
     live: ServingConfig | None = Field(default=None, description="The configuration serving now.")
     observed: Observation | None = None
+    canary: CanaryRun | None = None
     last_retune_time: str | None = None
     history: list[HistoryEntry] = Field(default_factory=list, max_length=20)

@@ -52,6 +52,9 @@ def serving_argv(
     """The exact command line the tuner measured: builtin per the contract, other engines from the
     tuner's engine adapters (imported lazily: the operator must not need them for the builtin)."""
     model, _, _ = model_location(isvc.spec.model.uri)
+    # The kubelet expands $(VAR) in a container's command: the user's URI must reach the engine
+    # literally (`$$` is the kubelet's escape), or `$(POD_IP)` or `$(HOME)` in it would be replaced.
+    model = model.replace("$", "$$")
     served = isvc.spec.model.served_name
     if config.engine == "builtin":
         return _builtin_argv(
@@ -72,7 +75,27 @@ def serving_argv(
         settings.serving_port,
         served_model_name=served,
     )
-    return [str(a) for a in argv]
+    return image_command(config.engine, [str(a) for a in argv])
+
+
+# The engines' own images start their servers like this. The tuner's adapters name the local
+# interpreter or binary they measured with (a venv path on the tuning machine), which does not exist
+# inside the image: the Deployment keeps the adapter's flags and swaps in the image's entry point.
+IMAGE_ENTRY: dict[str, tuple[str, ...]] = {
+    "vllm": ("python3", "-m", "vllm.entrypoints.openai.api_server"),
+    "sglang": ("python3", "-m", "sglang.launch_server"),
+    "llamacpp": ("/app/llama-server",),
+}
+
+
+def image_command(engine: str, argv: list[str]) -> list[str]:
+    """`argv` with its local program prefix (interpreter + `-m module`, or a binary) replaced by
+    the engine image's entry point."""
+    entry = IMAGE_ENTRY.get(engine)
+    if entry is None:
+        return argv
+    flags = argv[argv.index("-m") + 2 :] if "-m" in argv[:3] else argv[1:]
+    return [*entry, *flags]
 
 
 def deployment_name(isvc: InferenceService, track: str) -> str:
