@@ -19,7 +19,8 @@ from test_operator_flow import apply, demo, jobs
 
 from infertune.operator.rbac import peering_crds
 
-pytestmark = pytest.mark.cluster
+# Slow: kopf's peering lifetime makes a takeover take 60-120 s, and it flaked once under load.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
 def _peering(cluster: Any, api: Any) -> str:
