@@ -9,7 +9,6 @@ import base64
 import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, str(DEVCLUSTER))
 
 from kubernetes import client, config  # noqa: E402
 from kubernetes.client.rest import ApiException  # noqa: E402
+from procs import stop_group  # noqa: E402
 
 from infertune.operator.rbac import cluster_role, cluster_role_binding  # noqa: E402
 
@@ -41,20 +41,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def stop_group(proc: subprocess.Popen[bytes] | None, grace: float = 15.0) -> None:
-    """SIGTERM the process group, SIGKILL what is left after `grace`."""
-    if proc is None or proc.poll() is not None:
-        return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def wait_until(fn: Callable[[], Any], what: str, timeout: float, every: float = 1.0) -> Any:
@@ -338,7 +324,7 @@ class Stack:
             self.targets.stopped.set()
         for forward in self.forwards:
             stop_group(forward, grace=2)
-        stop_group(self.operator)
+        stop_group(self.operator, grace=15)
         self.operator = None
         if self.existing and self.api is not None:
             with contextlib.suppress(Exception):

@@ -45,6 +45,7 @@ from procs import (
     free_port,
     kubectl_path,
     reap_stale,
+    stop_group,
     stop_recorded,
 )
 
@@ -341,17 +342,7 @@ class Cluster:
         self.timings["total_s"] = time.monotonic() - t0
 
     def _kill(self, name: str, grace: float = 5.0) -> None:
-        proc = self.procs.pop(name, None)
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(self.procs.pop(name, None), grace)
 
     def stop(self, *, keep_state: bool = False) -> None:
         """Stop pods, nodes agent, controller manager, apiserver, etcd (in that order)."""

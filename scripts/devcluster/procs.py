@@ -120,3 +120,17 @@ def stop_recorded(state: Path, grace: float = 5.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(marker.name), signal.SIGKILL)
     shutil.rmtree(state, ignore_errors=True)
+
+
+def stop_group(proc: subprocess.Popen[bytes] | None, grace: float = 5.0) -> None:
+    """SIGTERM the process group, SIGKILL what is left after `grace` seconds."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
