@@ -10,7 +10,7 @@ import itertools
 
 import numpy as np
 import pytest
-from loadgen_helpers import ServerFactory, boosted_priority, server_log
+from loadgen_helpers import ServerFactory, server_log
 
 from infertune.tuner.api import TrafficProfile
 from infertune.tuner.loadgen import run_load_sync
@@ -44,8 +44,7 @@ def test_percentiles_match_the_script_at_100_streams(scripted_server: ServerFact
             "outputTokens": {"mean": OUT},
         }
     )
-    with boosted_priority():
-        result = run_load_sync(url, traffic, model="scripted")
+    result = run_load_sync(url, traffic, model="scripted")
     assert result.completed == N and result.failed == 0
     assert result.itl.count == N * (OUT - 1)
     assert all(r.output_tokens == OUT for r in result.records)
