@@ -32,8 +32,8 @@ $(STAMP): pyproject.toml
 	@echo "venv ready: $(VENV)"
 
 lint: venv
-	$(BIN)/ruff check operator tuner tests benchmarks
-	$(BIN)/ruff format --check operator tuner tests benchmarks
+	$(BIN)/ruff check operator tuner tests benchmarks scripts
+	$(BIN)/ruff format --check operator tuner tests benchmarks scripts
 
 typecheck: venv
 	$(BIN)/mypy $(PKGS)

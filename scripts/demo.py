@@ -232,7 +232,9 @@ def run_story(stack: Stack, out: Path, budget: float) -> dict[str, Any]:
     # traffic's shape changed (TrafficDrift) while the SLOs still hold on a busy 2-core machine.
     long_rate = round(rate * 100 / LONG_PROMPT, 2)
     shifted = load(url, out / "load-shifted.log", long_rate, "20m", prompt_tokens=LONG_PROMPT)
-    stop_group(steady, grace=15)  # after the new load started: no gap that would look like a rate change
+    stop_group(
+        steady, grace=15
+    )  # after the new load started: no gap that would look like a rate change
     say(
         f"infertune bench at {long_rate:g} req/s with {LONG_PROMPT}-token prompts (pid {shifted.pid})"
     )
@@ -249,7 +251,9 @@ def run_story(stack: Stack, out: Path, budget: float) -> dict[str, Any]:
 
     trigger = wait_until(triggered, "a retune", 420, 3)
     say(f"RetuneTriggered ({trigger['reason']}): {trigger['message']}")
-    stop_group(shifted, grace=15)  # the retune measures on its own; the load would only slow it down here
+    stop_group(
+        shifted, grace=15
+    )  # the retune measures on its own; the load would only slow it down here
     story.facts["retune"] = {"reason": trigger["reason"], "message": trigger["message"]}
     second = story.follow_tuning(budget)
     decision = wait_until(

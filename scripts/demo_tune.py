@@ -26,7 +26,9 @@ def run(*argv: str) -> int:
 
 
 def main() -> int:
-    infertune = str(BIN / "infertune") if (BIN / "infertune").exists() else shutil.which("infertune")
+    infertune = (
+        str(BIN / "infertune") if (BIN / "infertune").exists() else shutil.which("infertune")
+    )
     if infertune is None:
         print("infertune is not installed; run `make venv`", file=sys.stderr)
         return 2

@@ -133,7 +133,9 @@ class Postgres:
         data = self.dir / "data"
         shutil.chown(self.dir, "postgres", "postgres") if os.geteuid() == 0 else None
         subprocess.run(
-            self._as_postgres(str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"),
+            self._as_postgres(
+                str(PG_BIN / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"
+            ),
             check=True,
             capture_output=True,
         )
@@ -141,12 +143,13 @@ class Postgres:
         log = self.dir / "postgres.log"
         log.touch()
         shutil.chown(log, "postgres", "postgres") if os.geteuid() == 0 else None
+        argv = [
+            str(PG_BIN / "postgres"), "-D", str(data), "-p", str(self.port),
+            "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
+            "-c", "max_connections=200", "-c", "fsync=off",
+        ]  # fmt: skip
         self.proc = subprocess.Popen(
-            self._as_postgres(
-                str(PG_BIN / "postgres"), "-D", str(data), "-p", str(self.port),
-                "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={self.dir}",
-                "-c", "max_connections=200", "-c", "fsync=off",
-            ),  # fmt: skip
+            self._as_postgres(*argv),
             stdout=log.open("ab"),
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -158,7 +161,16 @@ class Postgres:
                 raise RuntimeError(f"postgres did not start; log:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
         subprocess.run(
-            [str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", self.database],
+            [
+                str(PG_BIN / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                self.database,
+            ],
             check=True,
             capture_output=True,
         )

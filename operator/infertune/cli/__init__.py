@@ -22,6 +22,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "bench": ("infertune.tuner.loadgen.cli", "bench_main", "load-test an OpenAI-compatible server"),
     "serve": ("infertune.engine.cli", "serve_main", "run the built-in serving engine"),
     "make-model": ("infertune.engine.cli", "make_model_main", "write a random-weight checkpoint"),
+    "gguf": (
+        "infertune.tuner.engines.gguf_cli",
+        "gguf_main",
+        "convert a checkpoint to GGUF for llama.cpp",
+    ),
     "operator": ("infertune.operator.main", "operator_main", "run the Kubernetes operator (kopf)"),
 }
 

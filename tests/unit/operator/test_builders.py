@@ -252,3 +252,27 @@ def test_external_engine_runs_the_images_entry_point_not_a_local_path(
     assert command[:3] == entry, command
     assert not any("/.cache/" in a or "venv" in a for a in command), command
     assert "4" in command  # the tuned knobs still reach the server
+
+
+def test_llamacpp_pod_converts_the_checkpoint_and_serves_the_gguf_file(
+    isvc: InferenceService, settings: OperatorSettings, config: ServingConfig
+) -> None:
+    # A llama-server on the tuning machine lives in a venv; the pod runs the image's binary, and
+    # llama.cpp cannot load a Hugging Face directory: an init container writes the GGUF file.
+    knobs = {"engine": "llamacpp", "quantization": "int4", "max_num_seqs": 4}
+    settings = settings.model_copy(
+        update={"engine_images": {**settings.engine_images, "llamacpp": "llama:server"}}
+    )
+    spec = pod_spec(desired_deployment(isvc, config.model_copy(update=knobs), settings))
+    engine, (init,) = spec["containers"][0], spec["initContainers"]
+    assert engine["command"][0] == "/app/llama-server"
+    assert engine["command"][engine["command"].index("--model") + 1] == "/gguf/model.gguf"
+    assert "/gguf" in {m["mountPath"] for m in engine["volumeMounts"]}
+    assert init["image"] == settings.tuner_image
+    cmd = init["command"]
+    assert cmd[len(settings.infertune_command)] == "gguf"
+    assert cmd[cmd.index("--model") + 1] == isvc.spec.model.uri
+    assert cmd[cmd.index("--quantization") + 1] == "int4"
+    assert cmd[cmd.index("--out") + 1] == "/gguf/model.gguf"
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"gguf", "tmp"} <= {m["name"] for m in init["volumeMounts"]}

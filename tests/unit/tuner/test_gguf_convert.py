@@ -93,3 +93,18 @@ def test_rejects_what_it_cannot_write(tiny: Path, tmp_path: Path) -> None:
     with pytest.raises(ConversionError, match="model_type 'gpt_neox'"):
         convert(odd, tmp_path / "y.gguf", "f32")
     assert not (tmp_path / "y.gguf").exists()
+
+
+def test_gguf_command_writes_the_file_a_llamacpp_pod_serves(tmp_path: Path) -> None:
+    # What the llama.cpp Deployment's init container runs: the builtin URI resolved, int4 as Q4_0.
+    from infertune.cli import main
+
+    out = tmp_path / "gguf" / "model.gguf"
+    rc = main(["gguf", "--model", "builtin://tiny", "--quantization", "int4", "--out", str(out)])
+    assert rc == 0
+    r = gguf.GGUFReader(out)
+    types = {t.name: t.tensor_type.name for t in r.tensors}
+    assert types["blk.0.attn_q.weight"] == "Q4_0"
+    assert list(out.parent.iterdir()) == [out]  # no work files left beside it
+    with pytest.raises(SystemExit):
+        main(["gguf", "--model", "builtin://tiny", "--quantization", "int3", "--out", str(out)])

@@ -52,6 +52,8 @@ def serving_argv(
     """The exact command line the tuner measured: builtin per the contract, other engines from the
     tuner's engine adapters (imported lazily: the operator must not need them for the builtin)."""
     model, _, _ = model_location(isvc.spec.model.uri)
+    if needs_gguf(isvc, config):
+        model = GGUF_FILE  # written by the init container (gguf_init_container)
     # The kubelet expands $(VAR) in a container's command: the user's URI must reach the engine
     # literally (`$$` is the kubelet's escape), or `$(POD_IP)` or `$(HOME)` in it would be replaced.
     model = model.replace("$", "$$")
@@ -68,19 +70,19 @@ def serving_argv(
             f"engine {config.engine!r}: the tuner's engine adapters are not installed ({exc})"
         ) from exc
     knobs = {k: getattr(config, k) for k in candidate_mod.KNOBS}
-    argv = engines.get_adapter(config.engine).command(
+    # The adapter's flags, not its command: its program is the interpreter or binary on the tuning
+    # machine (a venv path there), which does not exist inside the engine's image.
+    flags = engines.get_adapter(config.engine).flags(
         candidate_mod.Candidate.from_dict(knobs),
         model,
         HOST,
         settings.serving_port,
         served_model_name=served,
     )
-    return image_command(config.engine, [str(a) for a in argv])
+    return [*IMAGE_ENTRY[config.engine], *[str(a) for a in flags]]
 
 
-# The engines' own images start their servers like this. The tuner's adapters name the local
-# interpreter or binary they measured with (a venv path on the tuning machine), which does not exist
-# inside the image: the Deployment keeps the adapter's flags and swaps in the image's entry point.
+# How the engines' own images start their servers.
 IMAGE_ENTRY: dict[str, tuple[str, ...]] = {
     "vllm": ("python3", "-m", "vllm.entrypoints.openai.api_server"),
     "sglang": ("python3", "-m", "sglang.launch_server"),
@@ -88,14 +90,41 @@ IMAGE_ENTRY: dict[str, tuple[str, ...]] = {
 }
 
 
-def image_command(engine: str, argv: list[str]) -> list[str]:
-    """`argv` with its local program prefix (interpreter + `-m module`, or a binary) replaced by
-    the engine image's entry point."""
-    entry = IMAGE_ENTRY.get(engine)
-    if entry is None:
-        return argv
-    flags = argv[argv.index("-m") + 2 :] if "-m" in argv[:3] else argv[1:]
-    return [*entry, *flags]
+GGUF_DIR = "/gguf"
+GGUF_FILE = f"{GGUF_DIR}/model.gguf"
+
+
+def needs_gguf(isvc: InferenceService, config: ServingConfig) -> bool:
+    """llama.cpp serves GGUF only: any other checkpoint is converted in the pod first."""
+    model = isvc.spec.model
+    return config.engine == "llamacpp" and not (
+        model.format == "gguf" or model.uri.endswith(".gguf")
+    )
+
+
+def gguf_init_container(
+    isvc: InferenceService, config: ServingConfig, settings: OperatorSettings, mounts: list[Obj]
+) -> Obj:
+    """Converts the checkpoint with the project's own converter and quantizer -- the ones the
+    tuner's llamacpp trials used -- so the pod serves exactly the weights that were measured."""
+    model, _, _ = model_location(isvc.spec.model.uri)
+    command = [
+        *settings.infertune_command,
+        "gguf",
+        "--model", model.replace("$", "$$"),
+        "--quantization", config.quantization,
+        "--out", GGUF_FILE,
+    ]  # fmt: skip
+    return {
+        "name": "gguf",
+        "image": settings.tuner_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": command,
+        "resources": resources(isvc),
+        "securityContext": container_security_context(),
+        "env": writable_dirs()[2],
+        "volumeMounts": mounts,
+    }
 
 
 def deployment_name(isvc: InferenceService, track: str) -> str:
@@ -139,6 +168,15 @@ def desired_deployment(
         "livenessProbe": {"httpGet": probe_http, "periodSeconds": 15, "failureThreshold": 4},
         "volumeMounts": [*tmp_mounts, *model_mounts],
     }
+    volumes = [*tmp_vols, *model_vols]
+    init: list[Obj] = []
+    if needs_gguf(isvc, config):
+        gguf_mount = {"name": "gguf", "mountPath": GGUF_DIR}
+        volumes.append({"name": "gguf", "emptyDir": {}})
+        init.append(
+            gguf_init_container(isvc, config, settings, [*tmp_mounts, *model_mounts, gguf_mount])
+        )
+        container["volumeMounts"].append({**gguf_mount, "readOnly": True})
     template_meta = {
         "labels": {**meta["labels"]},
         "annotations": {
@@ -169,8 +207,9 @@ def desired_deployment(
                         "automountServiceAccountToken": False,
                         "enableServiceLinks": False,
                         "securityContext": pod_security_context(),
+                        **({"initContainers": init} if init else {}),
                         "containers": [container],
-                        "volumes": [*tmp_vols, *model_vols],
+                        "volumes": volumes,
                         **placement(isvc),
                     },
                 },

@@ -55,6 +55,22 @@ class EngineAdapter(abc.ABC):
         """Quantizations, KV block sizes and CUDA-graph settings this engine runs on `hardware`."""
 
     @abc.abstractmethod
+    def program(self) -> list[str]:
+        """The local program that takes :meth:`flags`: an interpreter and `-m module`, or a binary.
+        An engine's container image has its own entry point; the operator swaps this part only."""
+
+    @abc.abstractmethod
+    def flags(
+        self,
+        config: Candidate,
+        model_path: str,
+        host: str,
+        port: int,
+        *,
+        served_model_name: str | None = None,
+    ) -> list[str]:
+        """The engine's own arguments that serve `config` on host:port."""
+
     def command(
         self,
         config: Candidate,
@@ -64,7 +80,9 @@ class EngineAdapter(abc.ABC):
         *,
         served_model_name: str | None = None,
     ) -> list[str]:
-        """The argv that serves `config` on host:port."""
+        """The argv that serves `config` on host:port on this machine."""
+        flags = self.flags(config, model_path, host, port, served_model_name=served_model_name)
+        return [*self.program(), *flags]
 
     def env(self, config: Candidate) -> dict[str, str]:
         """Extra environment for the engine process."""

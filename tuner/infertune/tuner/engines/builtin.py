@@ -32,7 +32,10 @@ class BuiltinAdapter(EngineAdapter):
             notes=tuple(notes),
         )
 
-    def command(
+    def program(self) -> list[str]:
+        return ["infertune"]
+
+    def flags(
         self,
         config: Candidate,
         model_path: str,
@@ -41,7 +44,7 @@ class BuiltinAdapter(EngineAdapter):
         *,
         served_model_name: str | None = None,
     ) -> list[str]:
-        argv = ["infertune", "serve", "--model", model_path]
+        argv = ["serve", "--model", model_path]
         if served_model_name:
             argv += ["--served-model-name", served_model_name]
         argv += [

@@ -39,6 +39,7 @@ _GGUF: dict[str, tuple[str, str | None]] = {
     "int8": ("q8_0", None),
     "int4": ("f32", "Q4_0"),
 }
+GGUF_PRECISIONS = frozenset(_GGUF)
 # KV-cache type per precision: quantized weights pair with a q8_0 cache (which needs flash attention).
 _KV_TYPE = {"fp32": "f32", "fp16": "f16", "bf16": "bf16", "int8": "q8_0", "int4": "q8_0"}
 PER_SLOT_CONTEXT = 1024
@@ -114,7 +115,10 @@ class LlamaCppAdapter(EngineAdapter):
             )
         return None
 
-    def command(
+    def program(self) -> list[str]:
+        return [tool("llama-server") or "llama-server"]
+
+    def flags(
         self,
         config: Candidate,
         model_path: str,
@@ -128,12 +132,9 @@ class LlamaCppAdapter(EngineAdapter):
                 f"quantization {config.quantization!r} has no GGUF type; allowed values: "
                 f"{sorted(_GGUF)}"
             )
-        server = tool("llama-server") or "llama-server"
         ubatch = min(512, config.max_num_batched_tokens)
         kv = _KV_TYPE[config.quantization]
-        # --model, not -m: the operator's Deployment builder reads "-m" in argv[1] as python's
-        # `-m module` prefix and would replace "-m MODEL" with the image's entry point.
-        argv = [server, "--model", model_path, "--host", host, "--port", str(port)]
+        argv = ["--model", model_path, "--host", host, "--port", str(port)]
         if served_model_name:
             argv += ["--alias", served_model_name]
         argv += [

@@ -35,7 +35,10 @@ class SglangAdapter(EngineAdapter):
 
         return None if importlib.util.find_spec("sglang") else "sglang is not installed"
 
-    def command(
+    def program(self) -> list[str]:
+        return ["python3", "-m", "sglang.launch_server"]
+
+    def flags(
         self,
         config: Candidate,
         model_path: str,
@@ -44,7 +47,7 @@ class SglangAdapter(EngineAdapter):
         *,
         served_model_name: str | None = None,
     ) -> list[str]:
-        argv = ["python3", "-m", "sglang.launch_server", "--model-path", model_path]
+        argv = ["--model-path", model_path]
         if served_model_name:
             argv += ["--served-model-name", served_model_name]
         argv += ["--host", host, "--port", str(port)]

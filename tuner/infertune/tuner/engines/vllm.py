@@ -117,7 +117,10 @@ class VllmAdapter(EngineAdapter):
             f"{PYTHON_ENV} to the interpreter it prints (or {VENV_ENV} to its venv)"
         )
 
-    def command(
+    def program(self) -> list[str]:
+        return [self.python or configured_python(), "-m", MODULE]
+
+    def flags(
         self,
         config: Candidate,
         model_path: str,
@@ -126,8 +129,7 @@ class VllmAdapter(EngineAdapter):
         *,
         served_model_name: str | None = None,
     ) -> list[str]:
-        python = self.python or configured_python()
-        argv = [python, "-m", MODULE, "--model", model_path]
+        argv = ["--model", model_path]
         if served_model_name:
             argv += ["--served-model-name", served_model_name]
         argv += ["--host", host, "--port", str(port)]
