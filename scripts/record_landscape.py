@@ -40,7 +40,7 @@ from infertune.tuner.trial import TrialRunner
 ROOT = Path(__file__).resolve().parents[1]
 GRID = {
     "quantization": ["fp32", "bf16", "int8", "int4"],
-    "max_num_seqs": [1, 2, 4, 8, 16],
+    "max_num_seqs": [2, 4, 8, 16, 32],
     "max_num_batched_tokens": [64, 128, 256, 512],
     "kv_block_sizes": [16, 64],
 }
