@@ -26,8 +26,8 @@ from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.hardware import Hardware
 from infertune.tuner.modelprofile import ModelProfile
-from infertune.tuner.planning import prune_by_roofline, seeds
-from infertune.tuner.search import Evaluation, ReportFn, enqueue_seeds, run_study
+from infertune.tuner.planning import SeedPlanner, prune_by_roofline
+from infertune.tuner.search import Evaluation, ReportFn, run_study
 from infertune.tuner.space import build_space
 from infertune.tuner.study import make_sampler, open_study
 from infertune.tuner.tune import SEED_COUNT, startup_trials
@@ -110,28 +110,36 @@ def replay(path: Path, sampler: str, seed: int) -> float:
         figures["goodputRps"] = max(0.0, figures.get("goodputRps", 0.0) * noise.gauss(1.0, cv))
         return Evaluation(c, p["status"], figures, dict(p["margins_ms"]), reason=p.get("reason"))
 
-    seed_configs: list[Candidate] = []
+    planner: SeedPlanner | None = None
     if sampler == "tuner":
-        # What `infertune tune` does before its study (tune.profile_and_plan), from the profile
-        # recorded with the landscape: prune by the roofline floors, enqueue the predicted best.
+        # What `infertune tune` does (tune.profile_and_plan, then the seed planner during the
+        # study), from the profile recorded with the landscape: prune by the roofline floors,
+        # then seed with the step model recalibrated after every seed.
         if raw.get("profile"):
             profile = ModelProfile.from_dict(raw["profile"])
             prune_by_roofline(space, spec, LlamaConfig.from_dir(ensure_model("tiny")), profile)
-            seed_configs = [x.config for x in seeds(space, spec, profile, SEED_COUNT)]
+            planner = SeedPlanner(space, spec, profile, SEED_COUNT)
         s = make_sampler(
             "tpe",
             space,
             seed=seed,
             multi_objective=False,
-            startup_trials=startup_trials(len(seed_configs), budget),
+            startup_trials=startup_trials(SEED_COUNT if planner else 0, budget),
         )
     elif sampler == "plain-tpe":
         s = optuna.samplers.TPESampler(seed=seed)
     else:
         s = optuna.samplers.RandomSampler(seed=seed)
     study = open_study(f"replay-{sampler}-{seed}", None, s, multi_objective=False)
-    enqueue_seeds(study, space, seed_configs)
-    run_study(study, space, spec, evaluate, max_trials=budget, max_seconds=600)
+    run_study(
+        study,
+        space,
+        spec,
+        evaluate,
+        max_trials=budget,
+        max_seconds=600,
+        plan_next=planner.next if planner else None,
+    )
     found = [
         Candidate.from_dict(t.user_attrs["config"])
         for t in study.trials

@@ -191,3 +191,55 @@ def test_a_floor_above_the_measured_time_does_not_prune(cpu: Hardware) -> None:
     s = build_space(sp, cpu)
     prune_by_roofline(s, sp, TINY, prof)
     assert s.engines["builtin"].quantizations == ["fp32", "bf16"]
+
+
+def test_long_prompts_with_big_chunks_miss_a_p95_itl_their_mean_gap_meets() -> None:
+    # 640-token prompts at 5/s: a step that carries a 512-token prefill chunk takes ~57 ms, and
+    # such steps are far more than 5% of all steps, so p95 ITL is one of them, not the mean gap.
+    step = StepModel(fixed_ms=6.0, per_token_ms=0.1)
+    kw = dict(rate=5.0, concurrency=None, prompt_tokens=640, output_tokens=32, max_num_seqs=16)
+    big = predict(step, max_num_batched_tokens=512, **kw)  # type: ignore[arg-type]
+    small = predict(step, max_num_batched_tokens=64, **kw)  # type: ignore[arg-type]
+    assert big.itl_ms < 50 < big.itl_at(95.0)
+    assert small.itl_at(95.0) < 50
+    assert big.prefill_share > 0.05
+    # A p50 bound is the mean gap while fewer than half of the steps carry a chunk.
+    assert big.prefill_share < 0.5 and big.itl_at(50.0) == big.itl_ms
+
+
+def test_seed_planner_recalibrates_on_a_missed_seed(cpu: Hardware) -> None:
+    # The profile times bare forward passes; served, every step here takes 3x as long. The first
+    # seed (512-token chunks are predicted within the 50 ms ITL bound) misses it; recalibrated on
+    # that measurement, the planner moves the next seed to smaller chunks, not to the next
+    # precision or batch limit with the same chunk.
+    from infertune.tuner.planning import SeedPlanner, calibrate, prediction_for
+
+    sp = TuningSpec.model_validate(
+        {
+            "model": {"uri": "builtin://tiny"},
+            "slo": {"ttft": {"max": "2s"}, "itl": {"max": "50ms", "percentile": "p95"}},
+            "traffic": {"rate": 5, "promptTokens": {"mean": 640}, "outputTokens": {"mean": 32}},
+            "search": {
+                "engines": ["builtin"],
+                "quantizations": ["fp32"],
+                "maxNumSeqs": {"values": [8, 16]},
+                "maxNumBatchedTokens": {"values": [64, 128, 256]},
+            },
+        }
+    )
+    s = build_space(sp, cpu)
+    prof = _flat_profile(5.0, 0.06)
+    planner = SeedPlanner(s, sp, prof, 3)
+    first = planner.next({})
+    assert first is not None and first.max_num_batched_tokens == 256
+    p = prediction_for(first, sp, prof)
+    served = {"itlP95Ms": 3 * p.itl_at(95.0), "ttftP95Ms": 3 * p.ttft_ms}
+    assert served["itlP95Ms"] > 50  # the miss
+    assert calibrate(sp, prof, {first: served}) == pytest.approx({"itl": 3.0, "ttft": 3.0})
+    second = planner.next({first: served})
+    assert second is not None and second.max_num_batched_tokens < 256
+    assert 3 * prediction_for(second, sp, prof).itl_at(95.0) <= 50
+    third = planner.next({first: served, second: served})
+    assert third is not None and third not in (first, second)
+    assert planner.next({}) is None  # three planned: the sampler takes over
+    assert planner.planned == [first, second, third]

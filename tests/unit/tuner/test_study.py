@@ -125,6 +125,28 @@ def test_seeds_are_enqueued_once_and_run_first(tmp_path: Path, space: Space) -> 
     assert enqueue_seeds(study(space, url), space, [seed]) == 0  # a resumed study is not reseeded
 
 
+def test_planned_seeds_run_first_and_see_what_was_measured(space: Space) -> None:
+    # The seed planner is asked before each trial while nothing is waiting; it sees the figures
+    # measured so far and returns None when it has no more seeds.
+    plan = [
+        Candidate("builtin", "int8", 16, 512, 16, False),
+        Candidate("builtin", "fp32", 4, 128, 16, False),
+    ]
+    seen: list[set[Candidate]] = []
+
+    def plan_next(measured: dict[Candidate, dict[str, float]]) -> Candidate | None:
+        seen.append(set(measured))
+        assert all("goodputRps" in f for f in measured.values())
+        return plan.pop(0) if plan else None
+
+    s = study(space, None)
+    run_study(s, space, SPEC, landscape, max_trials=4, max_seconds=60, plan_next=plan_next)
+    configs = [t.user_attrs["config"] for t in s.trials]
+    assert configs[0] == Candidate("builtin", "int8", 16, 512, 16, False).to_dict()
+    assert configs[1] == Candidate("builtin", "fp32", 4, 128, 16, False).to_dict()
+    assert seen[0] == set() and len(seen[1]) == 1 and len(counted(s)) == 4
+
+
 def test_stale_running_trial_is_failed_and_retried(tmp_path: Path, space: Space) -> None:
     url = f"sqlite:///{tmp_path}/s.db"
     s = study(space, url)

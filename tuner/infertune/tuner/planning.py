@@ -9,7 +9,9 @@ over precisions and batch limits so the sampler starts from several good regions
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from math import exp, log
 
 from infertune.engine.config import LlamaConfig
 from infertune.tuner.api import TuningSpec
@@ -78,7 +80,7 @@ def _score(p: Prediction, spec: TuningSpec) -> float:
     """Predicted goodput when every bound is predicted met; otherwise minus the worst overshoot."""
     over = 0.0
     for metric, obj in spec.slo.bounds().items():
-        value = {"ttft": p.ttft_ms, "itl": p.itl_ms, "e2e": p.e2e_ms}[metric]
+        value = {"ttft": p.ttft_ms, "itl": p.itl_at(obj.quantile), "e2e": p.e2e_ms}[metric]
         over = max(over, value / obj.max.ms - 1.0)
     if not p.stable:
         over = max(over, 1.0)
@@ -102,8 +104,8 @@ def _tie_break(p: Prediction, c: Candidate, spec: TuningSpec) -> tuple[float, ..
     configuration whose ITL does not bind).
     """
     itl = spec.slo.itl
-    if itl is not None and p.itl_ms >= ITL_BINDS * itl.max.ms:
-        return (1.0, p.itl_ms, -c.max_num_seqs, c.max_num_batched_tokens)
+    if itl is not None and p.itl_at(itl.quantile) >= ITL_BINDS * itl.max.ms:
+        return (1.0, p.itl_at(itl.quantile), -c.max_num_seqs, c.max_num_batched_tokens)
     capacity = c.max_num_seqs / max(p.e2e_ms, 1e-9)  # requests/ms the batch limit can retire
     return (0.0, -capacity, -c.max_num_batched_tokens, p.ttft_ms)
 
@@ -114,22 +116,44 @@ def _bucket(score: float, best: float) -> int:
     return -round(score / scale)
 
 
-def rank(space: Space, spec: TuningSpec, profile: ModelProfile) -> list[Seed]:
-    """Every candidate, best predicted first (ties broken by `_tie_break`)."""
+def prediction_for(c: Candidate, spec: TuningSpec, profile: ModelProfile) -> Prediction:
+    """The step-time model's steady state for `c` under the spec's traffic."""
     t = spec.traffic
+    prof = profile.precisions.get(c.quantization)
+    step = prof.step_model if prof else StepModel(1.0, 0.1)
+    return predict(
+        step,
+        rate=t.rate,
+        concurrency=t.concurrency,
+        prompt_tokens=t.prompt_tokens.expected,
+        output_tokens=t.output_tokens.expected,
+        max_num_seqs=c.max_num_seqs,
+        max_num_batched_tokens=c.max_num_batched_tokens,
+    )
+
+
+# measured / predicted per SLO metric; 1.0 = the model as profiled.
+Scale = dict[str, float]
+
+
+def _scaled(p: Prediction, scale: Scale) -> Prediction:
+    ttft, itl = scale.get("ttft", 1.0), scale.get("itl", 1.0)
+    return replace(
+        p,
+        ttft_ms=p.ttft_ms * ttft,
+        itl_ms=p.itl_ms * itl,
+        itl_tail_ms=p.itl_tail_ms * itl,
+        e2e_ms=p.e2e_ms * scale.get("e2e", 1.0),
+    )
+
+
+def rank(
+    space: Space, spec: TuningSpec, profile: ModelProfile, scale: Scale | None = None
+) -> list[Seed]:
+    """Every candidate, best predicted first (ties broken by `_tie_break`)."""
     out: list[Seed] = []
     for c in space.candidates():
-        prof = profile.precisions.get(c.quantization)
-        step = prof.step_model if prof else StepModel(1.0, 0.1)
-        p = predict(
-            step,
-            rate=t.rate,
-            concurrency=t.concurrency,
-            prompt_tokens=t.prompt_tokens.expected,
-            output_tokens=t.output_tokens.expected,
-            max_num_seqs=c.max_num_seqs,
-            max_num_batched_tokens=c.max_num_batched_tokens,
-        )
+        p = _scaled(prediction_for(c, spec, profile), scale or {})
         out.append(Seed(c, p, _score(p, spec)))
     best = max((s.score for s in out), default=0.0)
     out.sort(
@@ -158,3 +182,53 @@ def seeds(space: Space, spec: TuningSpec, profile: ModelProfile, count: int) -> 
     # Adjacent seeds that share the engine and precision restart less when an engine can be reused.
     chosen.sort(key=lambda s: (s.config.engine, s.config.quantization, -s.score))
     return chosen
+
+
+def calibrate(
+    spec: TuningSpec, profile: ModelProfile, measured: Mapping[Candidate, Mapping[str, float]]
+) -> Scale:
+    """How far off the step model was on the trials already run, per SLO metric: the geometric
+    mean of measured / predicted at the bound's percentile. The profile times bare forward passes;
+    a served request also pays HTTP, tokenization, scheduling and a load generator on the same
+    cores, and on a small model that overhead is most of a step."""
+    scale: Scale = {}
+    for metric, obj in spec.slo.bounds().items():
+        key = f"{metric}{obj.percentile.upper()}Ms"
+        ratios = []
+        for c, figures in measured.items():
+            got = figures.get(key, 0.0)
+            p = prediction_for(c, spec, profile)
+            want = {"ttft": p.ttft_ms, "itl": p.itl_at(obj.quantile), "e2e": p.e2e_ms}[metric]
+            if got > 0 and want > 0 and p.stable:
+                ratios.append(log(got / want))
+        if ratios:
+            scale[metric] = min(20.0, max(0.2, exp(sum(ratios) / len(ratios))))
+    return scale
+
+
+class SeedPlanner:
+    """The study's first trials, planned one at a time: the first is the profile's best
+    prediction; each next one is the best prediction after recalibrating the step model on
+    everything measured so far (so a first seed that misses its ITL bound by 2x moves the next
+    one to smaller prefill chunks instead of repeating the miss in another precision)."""
+
+    def __init__(self, space: Space, spec: TuningSpec, profile: ModelProfile, count: int) -> None:
+        self.space, self.spec, self.profile, self.count = space, spec, profile, count
+        self.planned: list[Candidate] = []
+
+    @staticmethod
+    def _key(c: Candidate) -> tuple[str, str, int, int]:
+        # The KV block size does not enter the model: configurations differing only there tie.
+        return (c.engine, c.quantization, c.max_num_seqs, c.max_num_batched_tokens)
+
+    def next(self, measured: Mapping[Candidate, Mapping[str, float]]) -> Candidate | None:
+        """The next seed, or None once `count` are planned."""
+        if len(self.planned) >= self.count:
+            return None
+        done = {self._key(c) for c in [*measured, *self.planned]}
+        scale = calibrate(self.spec, self.profile, measured)
+        for s in rank(self.space, self.spec, self.profile, scale):
+            if self._key(s.config) not in done:
+                self.planned.append(s.config)
+                return s.config
+        return None

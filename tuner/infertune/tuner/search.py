@@ -34,6 +34,7 @@ from infertune.tuner.study import (
 
 ReportFn = Callable[[int, float], bool]
 ProgressFn = Callable[[int, int, "Evaluation", float | None], None]
+PlanFn = Callable[[dict[Candidate, dict[str, float]]], Candidate | None]
 
 
 @dataclass
@@ -164,7 +165,11 @@ def run_study(
     progress: ProgressFn | None = None,
     heartbeat_interval: float = 10.0,
     stale_after: float = GRACE_PERIOD,
+    plan_next: PlanFn | None = None,
 ) -> None:
+    """Ask, measure, tell until the budget is spent. `plan_next`, when given, is asked for a
+    configuration to enqueue whenever no enqueued trial is waiting (the seed planner: it sees what
+    was measured so far and returns None once it has no more seeds)."""
     started = time.monotonic()
     measured = recorded(study)
     asks = 0
@@ -174,6 +179,14 @@ def run_study(
         fail_stale(study, stale_after)
         if len(counted(study)) >= max_trials or time.monotonic() - started >= max_seconds:
             break
+        if plan_next is not None and not study.get_trials(
+            deepcopy=False, states=(TrialState.WAITING,)
+        ):
+            planned = plan_next(
+                {c: ev.figures for c, ev in measured.items() if ev.outcome != "failed"}
+            )
+            if planned is not None and planned not in measured:
+                study.enqueue_trial(params_of(planned, space), user_attrs={SEED_ATTR: True})
         asks += 1
         if asks > 4 * max_trials + 20:  # the sampler keeps proposing measured points: converged
             break

@@ -18,7 +18,7 @@ from infertune.tuner.api import ModelSource, TuningSpec
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.hardware import Hardware, discover
 from infertune.tuner.modelprofile import ModelProfile
-from infertune.tuner.planning import prune_by_roofline, seeds
+from infertune.tuner.planning import SeedPlanner, prune_by_roofline
 from infertune.tuner.quality import QualityResult
 from infertune.tuner.result import TrialRecord, TuningResult, binding_constraint
 from infertune.tuner.roofline import ceiling_dtypes
@@ -26,7 +26,6 @@ from infertune.tuner.search import (
     Evaluation,
     ProgressFn,
     ReportFn,
-    enqueue_seeds,
     evaluation_of,
     run_study,
 )
@@ -135,10 +134,10 @@ def make_evaluator(
 
 def profile_and_plan(
     spec: TuningSpec, model_dir: Path, hardware: Hardware, space: Space, opts: TuneOptions
-) -> tuple[ModelProfile | None, list[Candidate]]:
-    """Ceilings + profile, roofline pruning, and the seeds to enqueue."""
+) -> tuple[ModelProfile | None, SeedPlanner | None]:
+    """Ceilings + profile, roofline pruning, and the planner of the seeds."""
     if not opts.profile:
-        return None, []
+        return None, None
     from infertune.tuner.ceilings import load_or_measure
     from infertune.tuner.profiler import profile_model
 
@@ -162,7 +161,7 @@ def profile_and_plan(
         reference=spec.quality.reference,
     )
     prune_by_roofline(space, spec, LlamaConfig.from_dir(model_dir), profile)
-    return profile, [s.config for s in seeds(space, spec, profile, SEED_COUNT)]
+    return profile, SeedPlanner(space, spec, profile, SEED_COUNT)
 
 
 def startup_trials(seed_count: int, max_trials: int) -> int:
@@ -178,7 +177,7 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
     if not space.engines:
         reasons = "; ".join(p.reason for p in space.pruned if p.knob == "engine")
         raise ValueError(f"no engine in search.engines can run here: {reasons}")
-    profile, seed_configs = profile_and_plan(spec, model_dir, hardware, space, opts)
+    profile, planner = profile_and_plan(spec, model_dir, hardware, space, opts)
     for p in space.pruned:
         opts.log(f"pruned {p.engine} {p.knob}={p.value}: {p.reason}")
     max_trials = opts.max_trials or spec.budget.max_trials
@@ -189,11 +188,19 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
         space,
         seed=seed,
         multi_objective=multi,
-        startup_trials=startup_trials(len(seed_configs), max_trials),
+        startup_trials=startup_trials(SEED_COUNT, max_trials),
     )
     study = open_study(opts.study_name, opts.storage, sampler, multi_objective=multi)
-    if enqueue_seeds(study, space, seed_configs):
-        opts.log("seeded: " + "; ".join(c.label() for c in seed_configs))
+
+    def plan_next(measured: dict[Candidate, dict[str, float]]) -> Candidate | None:
+        if planner is None:
+            return None
+        planned = planner.next(measured)
+        if planned is not None:
+            calibrated = " (model recalibrated on the trials so far)" if measured else ""
+            opts.log(f"seed {len(planner.planned)}/{SEED_COUNT}: {planned.label()}{calibrated}")
+        return planned
+
     quants = sorted({q for e in space.engines.values() for q in e.quantizations})
     quality = QualityCache(spec, model_dir, hardware.device, quants)
     runner = TrialRunner(spec, model_dir, opts.out / "work", hardware, seed=seed or 0)
@@ -208,11 +215,12 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
             multi_objective=multi,
             progress=opts.progress,
             stale_after=opts.stale_after,
+            plan_next=plan_next,
         )
     finally:
         runner.close()
     result = assemble(study, spec, hardware, profile, space, quality, max_trials, multi)
-    result.seeds = [c.to_dict() for c in seed_configs]
+    result.seeds = [c.to_dict() for c in planner.planned] if planner else []
     result.restarts = runner.restarts
     result.importance = importance(study)
     result.elapsed_s = time.monotonic() - started
