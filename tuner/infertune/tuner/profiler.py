@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -90,12 +90,34 @@ def _best_ms(fn: Callable[[], object], device: str, repeats: int, min_total: flo
     return best * 1e3
 
 
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Drop the trace markers kineto writes to fd 2 on every start/stop ("USDT:... profiler_start",
+    "STAGE:..."; no environment variable turns them off in torch 2.13), keep everything else."""
+    import sys
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured.read().decode(errors="replace").splitlines(keepends=True):
+                if not line.startswith(("USDT:", "STAGE:")):
+                    sys.stderr.write(line)
+
+
 def _trace(fn: Callable[[], object], device: str) -> tuple[dict[str, float], float, int, float]:
     """(ms per operator group, host gap ms, top-level operator count, wall ms) of one call."""
     activities = [ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(ProfilerActivity.CUDA)
-    with profile(activities=activities) as prof:
+    with _quiet_kineto(), profile(activities=activities) as prof:
         start = time.perf_counter()
         fn()
         _sync(device)

@@ -4,6 +4,7 @@ study, guard quality, and assemble the result. The CLI (cli.py) only parses flag
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -317,12 +318,15 @@ def assemble(
 def importance(study: optuna.Study) -> dict[str, float]:
     """PED-ANOVA importance of each knob for the objective (empty when too few trials vary)."""
     try:
-        raw = optuna.importance.get_param_importances(
-            study,
-            # Optuna's default (PED-ANOVA, no scikit-learn needed) ranks knobs by how they
-            # reach *low* targets; the objective is maximised, hence the minus sign.
-            target=lambda t: -t.values[0] if t.values else 0.0,
-        )
+        with warnings.catch_warnings():
+            # PED-ANOVA warns that it ranks knobs for *low* targets even when given the minus sign.
+            warnings.simplefilter("ignore", UserWarning)
+            raw = optuna.importance.get_param_importances(
+                study,
+                # Optuna's default (PED-ANOVA, no scikit-learn needed) ranks knobs by how they
+                # reach *low* targets; the objective is maximised, hence the minus sign.
+                target=lambda t: -t.values[0] if t.values else 0.0,
+            )
     except (ValueError, RuntimeError, ZeroDivisionError, ImportError):
         return {}
     return {k: float(v) for k, v in raw.items()}
