@@ -30,7 +30,7 @@ from kubernetes import client
 DEMO = ROOT / "examples" / "demo.yaml"
 GROUP, VERSION, PLURAL = "infertune.dev", "v1alpha1", "inferenceservices"
 LABEL = "infertune.dev/inferenceservice"
-LONG_PROMPT = 384  # tokens: ~4x the demo's tuned 32-128, far beyond the 50% drift threshold
+LONG_PROMPT = 2048  # tokens: ~3x the demo's tuned 256-1024, far beyond the 50% drift threshold
 T0 = time.monotonic()
 
 
@@ -215,7 +215,9 @@ def run_story(stack: Stack, out: Path, budget: float) -> dict[str, Any]:
     rate = round(tuned_rate * 0.6, 2)  # within the 50% rate-drift threshold, gentle on 2 cores
     since = now_iso()
     steady = load(url, out / "load-steady.log", rate, "20m")
-    say(f"infertune bench at {rate:g} req/s, prompts 32-128 tokens (pid {steady.pid})")
+    prompts = spec["spec"]["traffic"]["promptTokens"]
+    tuned_prompts = f"{prompts.get('min')}-{prompts.get('max')}"
+    say(f"infertune bench at {rate:g} req/s, prompts {tuned_prompts} tokens (pid {steady.pid})")
     obs = wait_until(lambda: observed_after(story, since), "a live observation", 240, 2)
     slo = story.cond("SLOMet")
     f = obs["figures"]
@@ -225,12 +227,13 @@ def run_story(stack: Stack, out: Path, budget: float) -> dict[str, Any]:
 
     step(
         7,
-        f"Traffic shift: prompts of {LONG_PROMPT} tokens (tuned for 32-128) -> retune",
+        f"Traffic shift: prompts of {LONG_PROMPT} tokens (tuned for {tuned_prompts}) -> retune",
     )
     seen = len(story.history())
     # About the same prompt tokens per second as before, in fewer, much longer requests: the
     # traffic's shape changed (TrafficDrift) while the SLOs still hold on a busy 2-core machine.
-    long_rate = round(rate * 100 / LONG_PROMPT, 2)
+    mean_prompt = (prompts.get("min", 0) + prompts.get("max", 0)) / 2 or prompts.get("mean", 100)
+    long_rate = round(rate * mean_prompt / LONG_PROMPT, 2)
     shifted = load(url, out / "load-shifted.log", long_rate, "20m", prompt_tokens=LONG_PROMPT)
     stop_group(
         steady, grace=15

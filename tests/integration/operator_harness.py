@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import urllib.request
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -135,6 +136,17 @@ class OperatorProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def rbac_denials(self) -> list[str]:
+        """Log lines where the API server refused the operator (403): it runs with exactly
+        rbac.RULES, so any such line is a right the chart does not grant. A namespace being
+        deleted also answers 403 ("being terminated"): that one is not an RBAC gap."""
+        return [
+            line
+            for line in self.log().splitlines()
+            if ("Forbidden" in line or "forbidden by RBAC" in line)
+            and "being terminated" not in line
+        ]
+
     def rss_bytes(self) -> int:
         assert self.proc is not None
         for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
@@ -154,3 +166,29 @@ class OperatorProcess:
                 self.proc.wait()
         self._log.close()
         self.proc = None
+
+
+def drive_requests(
+    url: str,
+    body: bytes,
+    stop: threading.Event,
+    sent: list[int],
+    errors: list[str],
+    *,
+    pause: float = 0.0,
+    error_pause: float = 0.5,
+) -> None:
+    """One client posting `body` to `url` back to back until `stop` (a thread's target): counts
+    the answered requests in `sent` and keeps the errors, so a test can say what its load saw."""
+    while not stop.is_set():
+        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                r.read()
+            sent.append(1)
+        except Exception as exc:
+            errors.append(repr(exc)[:200])
+            stop.wait(error_pause)
+            continue
+        if pause:
+            stop.wait(pause)

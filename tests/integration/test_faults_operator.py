@@ -13,7 +13,6 @@ import signal
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from operator_harness import (
     PLURAL,
     VERSION,
     OperatorProcess,
+    drive_requests,
     operator_kubeconfig,
     wait_for,
 )
@@ -285,15 +285,7 @@ def _client_loop(url: str, stop: threading.Event, sent: list[int], errors: list[
     enough that every client has one in flight when it freezes, a share of the window well
     above the 5% a p95 bound allows."""
     body = json.dumps({"model": "tiny-llama", "prompt": "hello " * 40, "max_tokens": 16}).encode()
-    while not stop.is_set():
-        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                r.read()
-            sent.append(1)
-        except Exception as exc:
-            errors.append(repr(exc)[:200])
-            stop.wait(0.5)
+    drive_requests(url, body, stop, sent, errors)
 
 
 @pytest.mark.slow

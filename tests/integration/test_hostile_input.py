@@ -102,6 +102,9 @@ def operator(
     op = OperatorProcess(operator_kubeconfig(cluster, api, work), work / "operator.log").start()
     yield op
     op.stop()
+    # Hostile specs must not make it reach for anything beyond its rules either.
+    denied = op.rbac_denials()
+    assert not denied, "\n".join(denied[-20:])
 
 
 def _events(api: Any, ns: str, name: str) -> list[Any]:

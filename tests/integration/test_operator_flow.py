@@ -8,7 +8,6 @@ import copy
 import json
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from operator_harness import (
     ROOT,
     VERSION,
     OperatorProcess,
+    drive_requests,
     operator_kubeconfig,
     wait_for,
 )
@@ -39,13 +39,7 @@ def operator(
     op = OperatorProcess(operator_kubeconfig(cluster, api, work), work / "operator.log").start()
     yield op
     op.stop()
-    # It ran with exactly rbac.RULES: anything it lacked would show up as a 403 in its log.
-    # A namespace being deleted at teardown also answers 403 ("being terminated"): not an RBAC gap.
-    denied = [
-        line
-        for line in op.log().splitlines()
-        if ("Forbidden" in line or "forbidden by RBAC" in line) and "being terminated" not in line
-    ]
+    denied = op.rbac_denials()
     assert not denied, "\n".join(denied[-20:])
 
 
@@ -278,16 +272,7 @@ def _drive(
     url: str, prompt: str, stop: threading.Event, sent: list[int], errors: list[str]
 ) -> None:
     body = json.dumps({"model": "tiny-llama", "prompt": prompt, "max_tokens": 4}).encode()
-    while not stop.is_set():
-        req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                r.read()
-            sent.append(1)
-        except Exception as exc:
-            errors.append(repr(exc)[:200])
-            time.sleep(0.2)
-        time.sleep(0.1)
+    drive_requests(url, body, stop, sent, errors, pause=0.1, error_pause=0.2)
 
 
 def test_real_traffic_with_longer_prompts_drifts_and_a_better_config_rolls_out(
@@ -298,6 +283,12 @@ def test_real_traffic_with_longer_prompts_drifts_and_a_better_config_rolls_out(
     doc = demo(
         "drift",
         slo={"itl": {"max": "1ms", "percentile": "p95"}, "objective": "goodput"},
+        traffic={
+            "rate": 8,
+            "promptTokens": {"distribution": "uniform", "min": 32, "max": 128},
+            "outputTokens": {"distribution": "fixed", "mean": 32},
+            "numRequests": 40,
+        },
         hardware={
             "gpuProducts": ["NVIDIA-A100-SXM4-80GB"],
             "gpusPerReplica": 0,

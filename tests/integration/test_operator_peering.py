@@ -88,7 +88,7 @@ def test_the_standby_replica_takes_over_when_the_active_one_dies(
         )
         assert "Resuming operations after the pause" in standby.log(), standby.log()[-2000:]
         assert standby.metric("infertune_operator_reconciles_total") >= 1
-        assert "Forbidden" not in standby.log(), standby.log()[-2000:]
+        assert not standby.rbac_denials(), standby.log()[-2000:]
     finally:
         for op in ops:
             op.stop()

@@ -42,7 +42,7 @@ def real_operator(cluster: Any, api: Any, tmp_path: Path) -> Iterator[OperatorPr
     op = OperatorProcess(kubeconfig, tmp_path / "op.log", command=REAL_CLI).start()
     yield op
     op.stop()
-    assert "Forbidden" not in op.log(), op.log()[-3000:]
+    assert not op.rbac_denials(), op.log()[-3000:]
 
 
 def _story(obj: dict[str, Any]) -> str:
