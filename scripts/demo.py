@@ -30,7 +30,7 @@ from kubernetes import client
 DEMO = ROOT / "examples" / "demo.yaml"
 GROUP, VERSION, PLURAL = "infertune.dev", "v1alpha1", "inferenceservices"
 LABEL = "infertune.dev/inferenceservice"
-LONG_PROMPT = 2048  # tokens: ~3x the demo's tuned 256-1024, far beyond the 50% drift threshold
+LONG_PROMPT = 1536  # tokens: ~2.4x the demo's tuned 256-1024, far beyond the 50% drift threshold
 T0 = time.monotonic()
 
 

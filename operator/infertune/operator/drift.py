@@ -163,6 +163,9 @@ def decide_retune(
     return Decision(reason, message, cooldown=in_cooldown_now)
 
 
+MIN_RETUNE_REQUESTS = 20
+
+
 def observed_traffic(
     base: TrafficProfile, observed: Figures, prompt_p95: float | None, output_p95: float | None
 ) -> TrafficProfile:
@@ -183,7 +186,14 @@ def observed_traffic(
         "output_tokens": lengths(observed.output_tokens_mean, output_p95, base.output_tokens),
     }
     if observed.request_rate is not None and observed.request_rate > 0:
-        update.update(rate=round(observed.request_rate, 3), concurrency=None)
+        rate = round(observed.request_rate, 3)
+        update.update(rate=rate, concurrency=None)
+        if base.rate and base.num_requests and rate < base.rate:
+            # Keep each retune trial about as long as the first tuning's: at a fifth of the rate
+            # the same request count would make every trial five times longer. Never below
+            # MIN_RETUNE_REQUESTS, so that a p95 still rests on enough requests.
+            scaled = round(base.num_requests * rate / base.rate)
+            update["num_requests"] = max(min(MIN_RETUNE_REQUESTS, base.num_requests), scaled)
     return TrafficProfile.model_validate({**base.model_dump(), **update})
 
 

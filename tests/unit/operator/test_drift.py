@@ -127,6 +127,18 @@ def test_observed_traffic_replaces_rate_and_lengths() -> None:
     assert new.output_tokens.distribution == "fixed" and new.output_tokens.mean == 32
 
 
+def test_a_slower_observed_rate_shortens_the_request_count_not_beyond_twenty() -> None:
+    # Tuned at 5/s with 40 requests (8 s a trial); live traffic runs at 1/s: 40 requests would
+    # make every retune trial 40 s long, so the count follows the rate, down to 20.
+    base = TrafficProfile.model_validate({"rate": 5, "numRequests": 40})
+    slow = observed_traffic(base, Figures(request_rate=2.5), None, None)
+    assert slow.rate == 2.5 and slow.num_requests == 20
+    crawl = observed_traffic(base, Figures(request_rate=0.5), None, None)
+    assert crawl.num_requests == 20
+    fast = observed_traffic(base, Figures(request_rate=9.0), None, None)
+    assert fast.num_requests == 40
+
+
 def test_rollout_only_when_the_retune_beats_live() -> None:
     live = cfg()
     same = cfg(config_hash="live", slo_margins_ms={"ttft": 10.0})
