@@ -40,6 +40,14 @@ def main() -> int:
     if run(infertune, "validate", "--show", "examples/demo.yaml") != 0:
         return 1
     step("2/2 Tune: profile the tiny model, search the space, prove the winner")
+    out = ROOT / "reports/demo"
+    if out.exists():
+        # `infertune tune` resumes the study it finds in --out (what a restarted Job must do);
+        # the demo is a fresh study each time, and the previous one is kept beside it.
+        previous = out.with_name("demo.previous")
+        shutil.rmtree(previous, ignore_errors=True)
+        out.rename(previous)
+        print(f"(the previous run's study and report moved to {previous.relative_to(ROOT)})")
     return run(infertune, "tune", "examples/demo.yaml", "--out", "reports/demo")
 
 
