@@ -76,6 +76,7 @@ class _Exchange:
         "done",
         "err_body",
         "keep_alive",
+        "keep_alive_s",
         "last",
         "read_at",
         "record",
@@ -92,6 +93,9 @@ class _Exchange:
         self._body_left = 0
         self._chunk_left = -1  # -1: expecting a chunk-size line; -2: expecting the CRLF after data
         self.keep_alive = True
+        self.keep_alive_s: float | None = (
+            None  # the server's idle timeout ("Keep-Alive: timeout=N")
+        )
         self.done = False  # saw [DONE]
         self.err_body = b""
         self.last = 0.0  # arrival time of the latest token chunk
@@ -149,6 +153,11 @@ class _Exchange:
                 self._body_left = int(value) if value.isdigit() else 0
             elif name == "connection":
                 self.keep_alive = "close" not in value
+            elif name == "keep-alive":
+                for param in value.split(","):
+                    key, _, number = param.strip().partition("=")
+                    if key == "timeout" and number.strip().isdigit():
+                        self.keep_alive_s = float(number.strip())
         if self._framing == "close":
             self.keep_alive = False
         if self._framing == "length" and self._body_left == 0:
@@ -272,7 +281,7 @@ class _Exchange:
         if self._state == "head":
             self.finish(
                 "server closed the connection before responding"
-                if not self._buf
+                if not self._buf.strip()  # nothing, or a stray CRLF left from the last response
                 else "server closed the connection mid-headers"
             )
         elif self._state == "body":
@@ -282,11 +291,25 @@ class _Exchange:
                 self.finish("server closed the connection mid-stream")
 
 
+# Errors that mean the server never answered the request (no status line came back).
+_UNANSWERED = frozenset({"server closed the connection before responding"})
+# Stop reusing a connection this long before the server's advertised idle timeout.
+_IDLE_MARGIN_S = 1.0
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.exchange: _Exchange | None = None
         self.closed = False
+        self.idle_since = 0.0
+        self.idle_limit: float | None = None  # the server closes it after this long idle
+
+    def usable(self, now: float) -> bool:
+        """Not closed, and not so long idle that the server may be closing it right now."""
+        if self.closed:
+            return False
+        return self.idle_limit is None or now - self.idle_since < self.idle_limit - _IDLE_MARGIN_S
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # Other event loops (uvloop) hand over transports that only look like asyncio's.
@@ -333,33 +356,53 @@ class Client:
         self.connect_timeout = connect_timeout
         self.api_key = api_key
         self._idle: deque[_Connection] = deque()
+        self.reuse = True  # False once the server closed a reused connection unanswered
         self._busy: set[_Connection] = set()
         self._ssl = ssl.create_default_context() if endpoint.tls else None
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, *, fresh: bool = False) -> tuple[_Connection, bool]:
+        """(connection, reused): an idle kept-alive one unless `fresh`, else a new one."""
         loop = asyncio.get_running_loop()
-        while self._idle:
+        now = time.perf_counter()
+        while self._idle and not fresh:
             conn = self._idle.pop()
-            if not conn.closed:
-                return conn
+            if conn.usable(now):
+                return conn, True
+            conn.close()
         _, proto = await asyncio.wait_for(
             loop.create_connection(
                 _Connection, self.endpoint.host, self.endpoint.port, ssl=self._ssl
             ),
             self.connect_timeout,
         )
-        return proto
+        return proto, False
 
     async def send(self, record: RequestRecord, payload: bytes) -> RequestRecord:
-        """Send one encoded request and fill `record`; never raises for server or network faults."""
-        loop = asyncio.get_running_loop()
+        """Send one encoded request and fill `record`; never raises for server or network faults.
+
+        A kept-alive connection can be closed by the server at the moment it is reused (its idle
+        timeout races our request): when a reused connection closes before any byte of a response,
+        the request is sent once more on a new connection, as HTTP clients do. Its latency then
+        includes the lost attempt, as a real client's would."""
         record.start = time.perf_counter()
+        reused = await self._send_once(record, payload, fresh=not self.reuse)
+        if reused and record.status is None and record.error in _UNANSWERED:
+            # Some servers close every connection after a streamed response while advertising
+            # keep-alive (llama.cpp's llama-server does): stop reusing connections to this one.
+            self.reuse = False
+            record.error = None
+            await self._send_once(record, payload, fresh=True)
+        return record
+
+    async def _send_once(self, record: RequestRecord, payload: bytes, *, fresh: bool) -> bool:
+        """One attempt; True when it went over a reused (kept-alive) connection."""
+        loop = asyncio.get_running_loop()
         try:
-            conn = await self._connect()
+            conn, reused = await self._connect(fresh=fresh)
         except (OSError, TimeoutError) as exc:
             record.end = time.perf_counter()
             record.error = _connect_error(exc, self.endpoint)
-            return record
+            return False
         waiter: asyncio.Future[None] = loop.create_future()
         exchange = _Exchange(record, waiter)
         conn.exchange = exchange
@@ -379,10 +422,12 @@ class Client:
             self._busy.discard(conn)
             conn.exchange = None
             if exchange.keep_alive and exchange._state == "end" and not conn.closed:
+                conn.idle_since = time.perf_counter()
+                conn.idle_limit = exchange.keep_alive_s
                 self._idle.append(conn)
             else:
                 conn.close()
-        return record
+        return reused
 
     async def close(self) -> None:
         for conn in [*self._idle, *self._busy]:
