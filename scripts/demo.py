@@ -27,6 +27,8 @@ import yaml
 from demo_stack import INFERTUNE, ROOT, Stack, stop_group, wait_until
 from kubernetes import client
 
+from infertune.engine.make_model import ensure_model
+
 DEMO = ROOT / "examples" / "demo.yaml"
 GROUP, VERSION, PLURAL = "infertune.dev", "v1alpha1", "inferenceservices"
 LABEL = "infertune.dev/inferenceservice"
@@ -150,6 +152,9 @@ def load(
     """Real traffic from the project's load generator (`infertune bench`), in its own process group."""
     argv = [INFERTUNE, "bench", "--url", url, "--profile", str(DEMO), "--rate", f"{rate:g}",
             "--duration", duration, "--quiet", "--json", str(out.with_suffix(".json"))]  # fmt: skip
+    # The model's own tokenizer, so that a "1536-token prompt" is 1536 tokens to the engine too
+    # (without it the generator sizes prompts in words, ~1.45 tokens each for this vocabulary).
+    argv += ["--tokenizer", str(ensure_model("tiny"))]
     if prompt_tokens is not None:
         argv += ["--prompt-tokens", str(prompt_tokens)]
     with out.open("wb") as log:

@@ -146,17 +146,23 @@ def decide_retune(
     hardware: str | None,
     in_cooldown_now: bool,
 ) -> Decision:
-    """First trigger that fired and is enabled: hardware (immediate), SLO and drift (after a window)."""
+    """First trigger that fired and is enabled: hardware (immediate), then drift and SLO (after a
+    window). Drift ranks before the SLO: when the traffic changed and the SLOs are missed with it,
+    the change is the cause and the miss its symptom -- the retune is for the new traffic either
+    way, and the reason should say why (the message keeps the miss)."""
     if not policy.enabled:
         return Decision(None)
     window = float(policy.violation_window)
     fired: list[tuple[str, str]] = []
+    slo_held = REASON_SLO in policy.triggers and windows.held(windows.violating_since, now, window)
+    missed = "SLOs missed for the violation window: " + "; ".join(violating)
     if hardware and REASON_HARDWARE in policy.triggers:
         fired.append((REASON_HARDWARE, hardware))
-    if REASON_SLO in policy.triggers and windows.held(windows.violating_since, now, window):
-        fired.append((REASON_SLO, "SLOs missed for the violation window: " + "; ".join(violating)))
     if REASON_DRIFT in policy.triggers and windows.held(windows.drifting_since, now, window):
-        fired.append((REASON_DRIFT, "traffic drifted: " + "; ".join(windows.drift_detail)))
+        drift = "traffic drifted: " + "; ".join(windows.drift_detail)
+        fired.append((REASON_DRIFT, f"{drift}; {missed}" if slo_held else drift))
+    if slo_held:
+        fired.append((REASON_SLO, missed))
     if not fired:
         return Decision(None)
     reason, message = fired[0]

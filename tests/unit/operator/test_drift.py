@@ -58,6 +58,19 @@ def test_violation_must_hold_for_the_window() -> None:
     assert w.violating_since is None
 
 
+def test_drift_is_named_before_the_slo_miss_it_causes() -> None:
+    # Longer prompts arrive and the ITL bound is missed with them: the reason is the drift (the
+    # cause), and the message still carries the miss.
+    w = Windows()
+    for t in (0, 15, 30):
+        w.update(t, violated=True, drifted=["promptTokens 2230 vs 640 (+248%)"])
+    d = decide_retune(
+        POLICY, w, 30, violating=["itl p95 58.4ms > 50ms"], hardware=None, in_cooldown_now=False
+    )
+    assert d.reason == "TrafficDrift"
+    assert "promptTokens 2230" in d.message and "itl p95 58.4ms > 50ms" in d.message
+
+
 def test_drift_beyond_thresholds_only() -> None:
     ref = tuned_traffic(
         None, TrafficProfile.model_validate({"rate": 8, "promptTokens": {"mean": 80}})
