@@ -154,7 +154,13 @@ def decide_retune(
         return Decision(None)
     window = float(policy.violation_window)
     fired: list[tuple[str, str]] = []
-    slo_held = REASON_SLO in policy.triggers and windows.held(windows.violating_since, now, window)
+    # Only on evidence from this check: with no traffic the window neither resets nor extends, and
+    # a violation that held before the traffic stopped is no reason to retune now.
+    slo_held = (
+        REASON_SLO in policy.triggers
+        and bool(violating)
+        and windows.held(windows.violating_since, now, window)
+    )
     missed = "SLOs missed for the violation window: " + "; ".join(violating)
     if hardware and REASON_HARDWARE in policy.triggers:
         fired.append((REASON_HARDWARE, hardware))

@@ -62,7 +62,7 @@ def test_job_runs_the_tuner_per_the_contract(
     container = pod_spec(job)["containers"][0]
     assert container["command"] == [
         "infertune", "tune", "/etc/infertune/spec.yaml",
-        "--study-name", f"team-a-tiny-demo-{plan.run_hash[:8]}",
+        "--study-name", f"team-a-tiny-demo-{plan.run_id}",
         "--out", "/var/run/infertune/out", "--termination-message", "/dev/termination-log",
     ]  # fmt: skip
     assert container["terminationMessagePath"] == "/dev/termination-log"

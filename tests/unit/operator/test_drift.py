@@ -58,6 +58,19 @@ def test_violation_must_hold_for_the_window() -> None:
     assert w.violating_since is None
 
 
+def test_no_slo_retune_once_the_traffic_stopped() -> None:
+    # The window held while traffic ran; then the traffic stops (no figures, nothing violating
+    # now): that is no evidence for a retune (the demo's live check once retuned on it).
+    w = Windows()
+    for t in (0, 15, 30):
+        w.update(t, violated=True, drifted=None)
+    w.update(45, violated=None, drifted=None)
+    assert (
+        decide_retune(POLICY, w, 45, violating=[], hardware=None, in_cooldown_now=False).reason
+        is None
+    )
+
+
 def test_drift_is_named_before_the_slo_miss_it_causes() -> None:
     # Longer prompts arrive and the ITL bound is missed with them: the reason is the drift (the
     # cause), and the message still carries the miss.

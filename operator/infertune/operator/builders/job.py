@@ -46,7 +46,11 @@ class RunPlan(BaseModel):
         return child_name(isvc, f"tune-{self.run_id}")
 
     def study_name(self, namespace: str, isvc: str) -> str:
-        return f"{namespace}-{isvc}-{self.run_hash[:8]}"
+        # Per run, not per spec: a retune on unchanged traffic (an SLO miss with no drift) hands
+        # the tuner the very spec of the first run, and a study named after the spec would resume
+        # that finished study and return its old answer without measuring. A retried pod of the
+        # same run keeps the run's id, so it still resumes its own study.
+        return f"{namespace}-{isvc}-{self.run_id}"
 
 
 def pod_tuning_spec(tuning: TuningSpec) -> TuningSpec:
