@@ -15,6 +15,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -208,6 +209,25 @@ def _served(pid: int) -> int:
                    if line.startswith("vllm:e2e_request_latency_seconds_count")))  # fmt: skip
 
 
+def _force_allocation(pid: int) -> None:
+    """A long prompt straight to the engine `pid`, in the background: its prefill needs megabytes
+    of fresh activations, so a memory cap is hit now rather than whenever the trial's own small
+    requests happen to grow the heap (they may not before the trial ends)."""
+    match = re.search(r"--host (\S+) .*--port (\d+)", " ".join(_argv(pid)))
+    if match is None:
+        return
+    body = json.dumps({"prompt": "word " * 1500, "max_tokens": 8, "ignore_eos": True}).encode()
+    req = urllib.request.Request(
+        f"http://{match[1]}:{match[2]}/v1/completions", body, {"Content-Type": "application/json"}
+    )
+
+    def send() -> None:
+        with contextlib.suppress(OSError):
+            urllib.request.urlopen(req, timeout=60).read()
+
+    threading.Thread(target=send, daemon=True).start()
+
+
 def _argv(pid: int) -> list[str]:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
@@ -273,6 +293,7 @@ def test_engine_crash_oom_and_hang_are_failed_trials_with_reasons_and_the_study_
                 os.kill(engine, signal.SIGSEGV)
             elif fault == "oom":
                 with memory_cap(engine, headroom_bytes=256 << 10) as group:
+                    _force_allocation(engine)
                     wait_for(
                         lambda e=engine: not alive(e) or None, "engine OOM-killed", timeout=120
                     )
