@@ -195,13 +195,19 @@ def test_tuner_pod_killed_mid_study_resumes_from_postgres_without_losing_trials(
 # ------------------------------------------------------------------ engine crash, OOM, hang
 
 
+def _endpoint(pid: int) -> str | None:
+    """http://host:port of the engine `pid`, from its command line."""
+    match = re.search(r"--host (\S+) .*--port (\d+)", " ".join(_argv(pid)))
+    return None if match is None else f"http://{match[1]}:{match[2]}"
+
+
 def _served(pid: int) -> int:
     """Requests the engine `pid` has finished (from its own /metrics)."""
-    match = re.search(r"--host (\S+) .*--port (\d+)", " ".join(_argv(pid)))
-    if match is None:
+    url = _endpoint(pid)
+    if url is None:
         return 0
     try:
-        with urllib.request.urlopen(f"http://{match[1]}:{match[2]}/metrics", timeout=2) as r:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=2) as r:
             text = r.read().decode()
     except OSError:
         return 0
@@ -213,12 +219,12 @@ def _force_allocation(pid: int) -> None:
     """A long prompt straight to the engine `pid`, in the background: its prefill needs megabytes
     of fresh activations, so a memory cap is hit now rather than whenever the trial's own small
     requests happen to grow the heap (they may not before the trial ends)."""
-    match = re.search(r"--host (\S+) .*--port (\d+)", " ".join(_argv(pid)))
-    if match is None:
+    url = _endpoint(pid)
+    if url is None:
         return
     body = json.dumps({"prompt": "word " * 1500, "max_tokens": 8, "ignore_eos": True}).encode()
     req = urllib.request.Request(
-        f"http://{match[1]}:{match[2]}/v1/completions", body, {"Content-Type": "application/json"}
+        f"{url}/v1/completions", body, {"Content-Type": "application/json"}
     )
 
     def send() -> None:
