@@ -109,9 +109,10 @@ def traffic_drift(ref: TrafficRef, observed: Figures, policy: RetunePolicy) -> l
             continue
         change = _relative(value, reference)
         if change > threshold:
+            signed = (value - reference) / reference  # a fall reads as one: -76%, not +76%
             out.append(
                 f"{name} {value:.3g} {unit} vs tuned {reference:.3g} "
-                f"({change:+.0%} beyond the {threshold:.0%} threshold)"
+                f"({signed:+.0%} beyond the {threshold:.0%} threshold)"
             )
     return out
 

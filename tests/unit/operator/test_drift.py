@@ -93,6 +93,9 @@ def test_drift_beyond_thresholds_only() -> None:
     big = Figures(request_rate=8.0, prompt_tokens_mean=400.0, output_tokens_mean=64.0)
     out = traffic_drift(ref, big, POLICY)
     assert len(out) == 1 and out[0].startswith("promptTokens 400") and "+400%" in out[0]
+    slow = Figures(request_rate=2.0, prompt_tokens_mean=80.0, output_tokens_mean=64.0)
+    (rate,) = traffic_drift(ref, slow, POLICY)
+    assert rate.startswith("rate 2 req/s vs tuned 8") and "(-75% beyond" in rate
 
 
 def test_tuned_reference_prefers_what_the_tuner_measured() -> None:
