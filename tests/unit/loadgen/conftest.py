@@ -15,7 +15,8 @@ from infertune.tuner.loadgen.scripted_server import start_process
 
 @pytest.fixture
 def scripted_server() -> Iterator[ServerFactory]:
-    """start(ttft_ms, itl_ms, tokenizer_dir=None, slots=None) -> base URL; stopped after the test."""
+    """start(ttft_ms, itl_ms, tokenizer_dir=None, slots=None, cpu=None) -> base URL; stopped after
+    the test."""
     procs: list[Any] = []
 
     def start(
@@ -23,12 +24,14 @@ def scripted_server() -> Iterator[ServerFactory]:
         itl_ms: list[float] | None = None,
         tokenizer_dir: Path | None = None,
         slots: int | None = None,
+        cpu: int | None = None,
     ) -> str:
         proc, port = start_process(
             ttft_ms or [0.0],
             itl_ms or [0.0],
             tokenizer_dir=tokenizer_dir,
             slots=slots,
+            cpu=cpu,
             boost=True,
         )
         procs.append(proc)
