@@ -106,7 +106,15 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--threads",
         type=_positive_int,
-        help="torch threads (default: the usable cores minus one, at least one)",
+        help="torch threads for decode steps (default: the usable cores minus one, at least one)",
+    )
+    p.add_argument(
+        "--prefill-threads",
+        type=_positive_int,
+        help=(
+            "torch threads for steps of at least 128 tokens, i.e. prefill (default: every "
+            "usable core; such steps are large GEMMs, which scale with cores)"
+        ),
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--host", default="127.0.0.1")
@@ -115,18 +123,23 @@ def build_serve_parser() -> argparse.ArgumentParser:
     return p
 
 
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def default_threads() -> int:
     """torch threads when ``--threads`` is not given: the cores this process may use, minus one.
 
     The spare core runs the event loop (HTTP, detokenisation) and usually the clients. With
     every core in OpenMP, the engine's spinning threads and the server fight over the same
     cores: measured on 2 cores under load, 2 threads ran the decode loop ~20x slower than 1.
+    A decode step is some 200 small ops, each a barrier for every thread; a prefill step is
+    the same ops on hundreds of rows, so it gets every core (``--prefill-threads``).
     """
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores - 1)
+    return max(1, usable_cores() - 1)
 
 
 def _model_dir(model: str) -> Path:
@@ -200,7 +213,8 @@ def serve_main(argv: list[str]) -> int:
     from infertune.engine.runner import ModelRunner
     from infertune.engine.server import EngineServer
 
-    torch.set_num_threads(args.threads or default_threads())
+    decode_threads = args.threads or default_threads()
+    torch.set_num_threads(decode_threads)
     if args.max_num_batched_tokens < args.max_num_seqs:
         log.warning(
             "--max-num-batched-tokens %d < --max-num-seqs %d: at most %d sequences can decode "
@@ -222,6 +236,7 @@ def serve_main(argv: list[str]) -> int:
             max_num_seqs=args.max_num_seqs,
             seed=args.seed,
             int4_group_size=args.int4_group_size,
+            threads=(decode_threads, args.prefill_threads or usable_cores()),
         )
     except ValueError as exc:  # ConfigError / UnsupportedConfig: a knob this setup cannot run
         print(f"infertune serve: {exc}", file=sys.stderr)

@@ -50,17 +50,26 @@ def activation_dtype(quantization: str, device: str) -> torch.dtype:
 
 
 class PlainLinear:
+    """A plain-precision weight kept transposed, ``[in, out]``, and multiplied with ``mm``.
+
+    Decode GEMMs have a handful of rows. For those MKL runs about twice as fast on an
+    ``[in, out]`` weight as on the ``[out, in]`` one ``F.linear`` hands it (measured here, one
+    thread, the tiny model's 17 weights in turn: 0.64 vs 1.32 ms at 1 row, 2.0 vs 3.2 ms at 8).
+    """
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        self.weight = weight.to(dtype).contiguous()
+        self.weight_t = weight.to(dtype).t().contiguous()
         self.bias = None if bias is None else bias.to(dtype)
         self.out_features = int(weight.shape[0])
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(x, self.weight, self.bias)
+        if self.bias is None:
+            return torch.mm(x, self.weight_t)
+        return torch.addmm(self.bias, x, self.weight_t)
 
     @property
     def nbytes(self) -> int:
-        return self.weight.numel() * self.weight.element_size()
+        return self.weight_t.numel() * self.weight_t.element_size()
 
 
 class Int8Linear:
