@@ -93,16 +93,18 @@ def _memory_cgroup_root() -> Path:
 
 
 @contextlib.contextmanager
-def memory_cap(pid: int, headroom_bytes: int) -> Iterator[Path]:
-    """Move `pid` into a new memory cgroup that lets it allocate only `headroom_bytes` more (what
-    it already holds stays charged where it was): once it needs more, the kernel's OOM killer
-    ends it. A real OOM kill, exactly what a container's memory limit does."""
+def memory_cap(pids: list[int], headroom_bytes: int) -> Iterator[Path]:
+    """Move `pids` into a new memory cgroup that lets them allocate only `headroom_bytes` more
+    together (what they already hold stays charged where it was): once they need more, the
+    kernel's OOM killer ends the largest. A real OOM kill, exactly what a container's memory
+    limit does."""
     root = _memory_cgroup_root()
     group = root / f"infertune-fault-{uuid.uuid4().hex[:8]}"
     group.mkdir()
     try:
         v1 = (group / "memory.limit_in_bytes").exists()
-        (group / "cgroup.procs").write_text(str(pid))
+        for pid in pids:
+            (group / "cgroup.procs").write_text(str(pid))
         usage = int((group / ("memory.usage_in_bytes" if v1 else "memory.current")).read_text())
         limit = usage + headroom_bytes
         (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit))

@@ -298,12 +298,15 @@ def test_engine_crash_oom_and_hang_are_failed_trials_with_reasons_and_the_study_
             if fault == "crash":
                 os.kill(engine, signal.SIGSEGV)
             elif fault == "oom":
-                with memory_cap(engine, headroom_bytes=256 << 10) as group:
+                # The server and its model-runner process, as one container's cgroup holds them.
+                tree = [engine, *descendants(engine)]
+                with memory_cap(tree, headroom_bytes=256 << 10) as group:
                     _force_allocation(engine)
                     wait_for(
                         lambda e=engine: not alive(e) or None, "engine OOM-killed", timeout=120
                     )
-                    assert oom_kills(group) == 1
+                    # The runner (it holds the model) first; the server may follow it.
+                    assert oom_kills(group) >= 1
             else:
                 os.kill(
                     engine, signal.SIGSTOP

@@ -166,6 +166,13 @@ def _device(name: str) -> str:
     return name
 
 
+def _gpu_utilization_on_cpu(device: str) -> str:
+    return (
+        "--gpu-memory-utilization applies to CUDA devices only; on "
+        f"device={device!r} size the cache with --kv-cache-memory (e.g. 512MiB)"
+    )
+
+
 def _kv_cache_bytes(args: argparse.Namespace, model_dir: Path, device: str) -> int:
     """Bytes for the KV cache from --kv-cache-memory or --gpu-memory-utilization."""
     if args.kv_cache_memory is not None:
@@ -176,10 +183,7 @@ def _kv_cache_bytes(args: argparse.Namespace, model_dir: Path, device: str) -> i
             return parse_size(DEFAULT_KV_CACHE)
         utilization = DEFAULT_GPU_UTILIZATION
     if not device.startswith("cuda"):
-        raise SystemExit(
-            "--gpu-memory-utilization applies to CUDA devices only; on "
-            f"device={device!r} size the cache with --kv-cache-memory (e.g. 512MiB)"
-        )
+        raise SystemExit(_gpu_utilization_on_cpu(device))
     import torch
 
     from infertune.engine.config import LlamaConfig, kv_bytes_per_token, weight_bytes
@@ -202,19 +206,33 @@ def _kv_cache_bytes(args: argparse.Namespace, model_dir: Path, device: str) -> i
     return int(min(budget, useful))
 
 
+def build_runner(args: argparse.Namespace, model_dir: Path) -> Any:
+    """The :class:`ModelRunner` for ``args``; runs in the runner process (it imports torch)."""
+    import torch
+
+    from infertune.engine.runner import ModelRunner
+
+    decode_threads = args.threads or default_threads()
+    torch.set_num_threads(decode_threads)
+    device = _device(args.device)
+    return ModelRunner(
+        model_dir,
+        quantization=args.quantization,
+        kv_block_size=args.kv_block_size,
+        kv_cache_bytes=_kv_cache_bytes(args, model_dir, device),
+        device=device,
+        cuda_graph=args.cuda_graph,
+        max_num_seqs=args.max_num_seqs,
+        seed=args.seed,
+        int4_group_size=args.int4_group_size,
+        threads=(decode_threads, args.prefill_threads or usable_cores()),
+    )
+
+
 def serve_main(argv: list[str]) -> int:
     started = time.perf_counter()
     args = build_serve_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    import torch
-    from tokenizers import Tokenizer
-
-    from infertune.engine.engine import Engine
-    from infertune.engine.runner import ModelRunner
-    from infertune.engine.server import EngineServer
-
-    decode_threads = args.threads or default_threads()
-    torch.set_num_threads(decode_threads)
     if args.max_num_batched_tokens < args.max_num_seqs:
         log.warning(
             "--max-num-batched-tokens %d < --max-num-seqs %d: at most %d sequences can decode "
@@ -223,25 +241,36 @@ def serve_main(argv: list[str]) -> int:
             args.max_num_seqs,
             args.max_num_batched_tokens,
         )
+    explicit_cpu = args.device != "auto" and not args.device.startswith("cuda")
+    if args.gpu_memory_utilization is not None and explicit_cpu:  # known before any process
+        raise SystemExit(_gpu_utilization_on_cpu(args.device))
     model_dir = _model_dir(args.model)
-    device = _device(args.device)
+    from infertune.engine.runner_process import RemoteRunner, RunnerStartError
+
+    # The runner process imports torch and loads the weights while this one starts the server.
+    runner = RemoteRunner(
+        build_runner, {"args": args, "model_dir": model_dir}, log_level=args.log_level
+    )
     try:
-        runner = ModelRunner(
-            model_dir,
-            quantization=args.quantization,
-            kv_block_size=args.kv_block_size,
-            kv_cache_bytes=_kv_cache_bytes(args, model_dir, device),
-            device=device,
-            cuda_graph=args.cuda_graph,
-            max_num_seqs=args.max_num_seqs,
-            seed=args.seed,
-            int4_group_size=args.int4_group_size,
-            threads=(decode_threads, args.prefill_threads or usable_cores()),
-        )
-    except ValueError as exc:  # ConfigError / UnsupportedConfig: a knob this setup cannot run
+        return _serve_with(runner, args, model_dir, started)
+    except RunnerStartError as exc:  # a knob this setup cannot run, named by the message
         print(f"infertune serve: {exc}", file=sys.stderr)
         return 2
-    cfg = runner.config
+    finally:
+        runner.close()
+
+
+def _serve_with(runner: Any, args: argparse.Namespace, model_dir: Path, started: float) -> int:
+    from tokenizers import Tokenizer
+
+    from infertune.engine.config import LlamaConfig
+    from infertune.engine.engine import Engine
+    from infertune.engine.server import EngineServer
+
+    cfg = LlamaConfig.from_dir(model_dir)
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    name = args.served_model_name or model_dir.name
+    info = runner.wait_ready()
     max_model_len = min(
         args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
     )
@@ -256,16 +285,14 @@ def serve_main(argv: list[str]) -> int:
     loaded = time.perf_counter()
     engine.warmup()
     warmed = time.perf_counter()
-    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    name = args.served_model_name or model_dir.name
     server = EngineServer(engine, tokenizer, model_name=name, model_dir=model_dir)
     log.info(
         "%s: %s, %d KV blocks of %d tokens, weights %.1f MiB; imports+load %.2f s, warm-up %.2f s",
         name,
         args.quantization,
-        runner.num_kv_blocks,
+        info.num_kv_blocks,
         args.kv_block_size,
-        runner.weight_bytes() / 2**20,
+        info.weight_bytes / 2**20,
         loaded - started,
         warmed - loaded,
     )

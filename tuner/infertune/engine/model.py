@@ -55,22 +55,33 @@ class BatchMeta:
 
 @dataclass
 class LayerWeights:
-    input_norm: torch.Tensor
+    input_norm: RMSNorm
     qkv: Linear  # q, k and v fused into one GEMM
     o: Linear
-    post_norm: torch.Tensor
+    post_norm: RMSNorm
     gate_up: Linear  # gate and up fused into one GEMM
     down: Linear
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:  # one fused op; equal to the formula below in fp32
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    # Computed in fp32 and cast back before the weight, as transformers does, so bf16/fp16
-    # round exactly where the reference rounds.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+class RMSNorm:
+    def __init__(self, weight: torch.Tensor, eps: float) -> None:
+        self.weight, self.eps = weight, eps
+        width = weight.shape[-1]
+        # fp32: x / sqrt(mean(x^2) + eps) * w = x / hypot(|x|, sqrt(width * eps)) * (w sqrt(width))
+        # in four ops, half the time of F.rms_norm's composite at decode sizes (20 vs 40 us at
+        # 8 rows here) and within 2e-6 of it.
+        self.scaled_weight = weight * width**0.5
+        self.floor = torch.tensor((width * eps) ** 0.5, dtype=weight.dtype, device=weight.device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+            return torch.div(x, torch.hypot(norm, self.floor)).mul_(self.scaled_weight)
+        # Computed in fp32 and cast back before the weight, as transformers does, so bf16/fp16
+        # round exactly where the reference rounds.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
@@ -113,8 +124,8 @@ class LlamaModel:
                 weight, bias, quantization=quantization, device=device, group_size=group_size
             )
 
-        def norm(name: str) -> torch.Tensor:
-            return tensors[name].to(device=device, dtype=self.dtype)
+        def norm(name: str) -> RMSNorm:
+            return RMSNorm(tensors[name].to(device=device, dtype=self.dtype), cfg.rms_norm_eps)
 
         self.embed = tensors["model.embed_tokens.weight"].to(device=device, dtype=self.dtype)
         self.layers: list[LayerWeights] = []
@@ -162,10 +173,11 @@ class LlamaModel:
 
     @property
     def weight_bytes(self) -> int:
-        total = self.lm_head.nbytes + self.final_norm.numel() * self.final_norm.element_size()
+        norm = self.final_norm.weight
+        total = self.lm_head.nbytes + norm.numel() * norm.element_size()
         for layer in self.layers:
             total += layer.qkv.nbytes + layer.o.nbytes + layer.gate_up.nbytes + layer.down.nbytes
-            total += 2 * layer.input_norm.numel() * layer.input_norm.element_size()
+            total += 2 * norm.numel() * norm.element_size()
         return total
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:
@@ -188,7 +200,6 @@ class LlamaModel:
         nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         num_tokens = token_ids.shape[0]
         num_blocks, block_size = kv_cache.shape[3], kv_cache.shape[4]
-        eps = cfg.rms_norm_eps
         h = self.embed[token_ids]
         cos = self.cos[meta.positions].unsqueeze(1)  # [T, 1, hd]
         sin = self.signed_sin[meta.positions].unsqueeze(1)
@@ -196,7 +207,7 @@ class LlamaModel:
         decode = self._decode_setup(meta, num_blocks, block_size)
         fused = self.fused_residual
         for li, layer in enumerate(self.layers):
-            x = rms_norm(h, layer.input_norm, eps)
+            x = layer.input_norm(h)
             qkv = layer.qkv(x)
             # RoPE on q and k together: one pass over [T, q_heads + kv_heads, head_dim].
             qk = apply_rope(
@@ -223,11 +234,11 @@ class LlamaModel:
                     )
             attn = attn.reshape(num_tokens, cfg.q_size)
             h = add_linear(h, layer.o, attn, fused)
-            x = rms_norm(h, layer.post_norm, eps)
+            x = layer.post_norm(h)
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
             act = F.silu(gate) * up
             h = add_linear(h, layer.down, act, fused)
-        last = rms_norm(h[meta.sample_rows], self.final_norm, eps)
+        last = self.final_norm(h[meta.sample_rows])
         return self.lm_head(last).float()
 
     def _decode_setup(
@@ -244,13 +255,14 @@ class LlamaModel:
         pad = cols[None, :] >= meta.decode_context_lens[:, None]  # [B, L]
         bias = torch.zeros(pad.shape, dtype=torch.float32, device=pad.device)
         bias.masked_fill_(pad, float("-inf"))
-        # Batch order of the attention GEMMs is (kv_head, sequence), that of the gathered cache.
-        bias = bias.unsqueeze(0).expand(nkv, nd, span).reshape(nkv * nd, 1, span)
-        # Row ids into a layer's cache viewed as [2 * kv_heads * blocks, block_size * head_dim]:
-        # a gather along dim 0 copies whole contiguous rows (measured 2x faster than
-        # index_select along the block dim of the 4-D view, 8x inside the decode step).
-        planes = torch.arange(2 * nkv, device=tables.device)[:, None] * num_blocks
-        rows = (planes + tables.reshape(1, -1)).reshape(-1)
+        # Batch order of the attention GEMMs is (sequence, kv_head): q's own row order, so
+        # neither q nor the output needs a transposing copy.
+        bias = bias.unsqueeze(1).expand(nd, nkv, span).reshape(nd * nkv, 1, span)
+        # Row ids into a layer's cache viewed as [2 * kv_heads * blocks, block_size * head_dim],
+        # ordered (k/v, sequence, kv_head, block): a gather along dim 0 copies whole contiguous
+        # rows (measured 2x faster than index_select along the block dim of the 4-D view).
+        planes = torch.arange(2 * nkv, device=tables.device).view(2, 1, nkv, 1) * num_blocks
+        rows = (planes + tables.view(1, nd, 1, -1)).reshape(-1)
         return _DecodeSetup(nd, rows, span, bias)
 
     def _decode_attention(
@@ -262,19 +274,19 @@ class LlamaModel:
         nkv, hd = cfg.num_key_value_heads, cfg.head_dim
         group = cfg.num_attention_heads // nkv
         _, _, num_blocks, block_size, _ = layer_cache.shape
-        # One gather for keys and values of every (kv head, sequence):
-        # [2, kv, blocks, bs*hd] -> [2, kv, B*M, bs*hd], i.e. [2, kv*B, L, hd] without a copy.
+        # One gather for keys and values of every (sequence, kv head):
+        # rows of [bs * hd] -> [2, B * kv, M * bs, hd] = [2, B * kv, L, hd] without a copy.
         flat = layer_cache.view(2 * nkv * num_blocks, block_size * hd)
-        kv = torch.index_select(flat, 0, setup.cache_rows).view(2, nkv * nb, span, hd)
+        kv = torch.index_select(flat, 0, setup.cache_rows).view(2, nb * nkv, span, hd)
         keys, values = kv[0], kv[1]
-        qg = q.view(nb, nkv, group, hd).transpose(0, 1).reshape(nkv * nb, group, hd)
+        qg = q.reshape(nb * nkv, group, hd)  # query heads are grouped by their kv head
         if q.dtype == torch.float32:  # scale, mask and scores in one GEMM
             scores = torch.baddbmm(setup.bias, qg, keys.transpose(1, 2), alpha=self.scale)
         else:  # low precision GEMM, then fp32 softmax as transformers does
             scores = torch.bmm(qg, keys.transpose(1, 2)).float() * self.scale + setup.bias
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        out = torch.bmm(probs, values)  # [kv*B, group, hd]
-        return out.view(nkv, nb, group, hd).transpose(0, 1).reshape(nb, cfg.num_attention_heads, hd)
+        out = torch.bmm(probs, values)  # [B * kv, group, hd]
+        return out.view(nb, cfg.num_attention_heads, hd)
 
     def _prefill_attention(
         self,
