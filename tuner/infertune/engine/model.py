@@ -84,13 +84,19 @@ class RMSNorm:
         return self.weight * xf.to(x.dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """``x * cos + rotate_half(x) * sin`` in three ops.
+def apply_rope(
+    x: torch.Tensor,
+    cos: torch.Tensor,
+    signed_sin: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``x * cos + rotate_half(x) * sin`` in three ops (into ``out``, which may be ``x``).
 
     ``rotate_half(x) = cat(-x2, x1)`` equals ``roll(x, half) * [-1, 1]``, and the sign is
     folded into ``signed_sin = cat(-sin1, sin2)`` once at load time (exact: a sign flip).
+    Both operands of the ``addcmul`` are temporaries, so writing over ``x`` is safe.
     """
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin)
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin, out=out)
 
 
 def add_linear(h: torch.Tensor, lin: Linear, x: torch.Tensor, fused: bool) -> torch.Tensor:
@@ -208,17 +214,17 @@ class LlamaModel:
         fused = self.fused_residual
         for li, layer in enumerate(self.layers):
             x = layer.input_norm(h)
-            qkv = layer.qkv(x)
-            # RoPE on q and k together: one pass over [T, q_heads + kv_heads, head_dim].
-            qk = apply_rope(
-                qkv[:, : cfg.q_size + cfg.kv_size].view(num_tokens, nq + nkv, hd), cos, sin
-            )
-            q, k = qk[:, :nq], qk[:, nq:]
-            v = qkv[:, cfg.q_size + cfg.kv_size :].view(num_tokens, nkv, hd)
+            qkv = layer.qkv(x)  # a fresh tensor: RoPE may write into it
+            # RoPE on q and k together, in place: one pass over [T, q_heads + kv_heads, head_dim].
+            qk = qkv[:, : cfg.q_size + cfg.kv_size].view(num_tokens, nq + nkv, hd)
+            apply_rope(qk, cos, sin, out=qk)
+            q = qk[:, :nq]
+            kv = qkv[:, cfg.q_size :].view(num_tokens, 2, nkv, hd)  # rotated K, then V
+            k, v = kv.unbind(1)
             layer_cache = kv_cache[li]  # [2, kv_heads, blocks, block_size, head_dim]
-            # K and V of every token into its slot with one index_copy_: [2, kv, T, hd].
+            # K and V of every token into its slot with one index_copy_ of [2, kv, T, hd].
             layer_cache.view(2, nkv, num_blocks * block_size, hd).index_copy_(
-                2, slots, torch.stack((k, v)).transpose(1, 2)
+                2, slots, kv.permute(1, 2, 0, 3)
             )
             if meta.num_decode and not meta.prefills:
                 attn = self._decode_attention(q, layer_cache, decode)
@@ -238,7 +244,9 @@ class LlamaModel:
             gate, up = layer.gate_up(x).chunk(2, dim=-1)
             act = F.silu(gate) * up
             h = add_linear(h, layer.down, act, fused)
-        last = self.final_norm(h[meta.sample_rows])
+        # Decode-only steps sample every row, in order: no gather needed.
+        sampled = h if meta.sample_rows.shape[0] == num_tokens else h[meta.sample_rows]
+        last = self.final_norm(sampled)
         return self.lm_head(last).float()
 
     def _decode_setup(
@@ -278,7 +286,7 @@ class LlamaModel:
         # rows of [bs * hd] -> [2, B * kv, M * bs, hd] = [2, B * kv, L, hd] without a copy.
         flat = layer_cache.view(2 * nkv * num_blocks, block_size * hd)
         kv = torch.index_select(flat, 0, setup.cache_rows).view(2, nb * nkv, span, hd)
-        keys, values = kv[0], kv[1]
+        keys, values = kv.unbind(0)
         qg = q.reshape(nb * nkv, group, hd)  # query heads are grouped by their kv head
         if q.dtype == torch.float32:  # scale, mask and scores in one GEMM
             scores = torch.baddbmm(setup.bias, qg, keys.transpose(1, 2), alpha=self.scale)
