@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -166,6 +166,19 @@ class OperatorProcess:
                 self.proc.wait()
         self._log.close()
         self.proc = None
+
+
+@contextlib.contextmanager
+def running_operator(cluster: Any, api: Any, work: Path) -> Iterator[OperatorProcess]:
+    """The operator under the chart's ServiceAccount; stopped on exit, and checked never to have
+    been denied by RBAC (what it reached for is within its rules, whatever the specs held)."""
+    op = OperatorProcess(operator_kubeconfig(cluster, api, work), work / "operator.log").start()
+    try:
+        yield op
+    finally:
+        op.stop()
+    denied = op.rbac_denials()
+    assert not denied, "\n".join(denied[-20:])
 
 
 def drive_requests(

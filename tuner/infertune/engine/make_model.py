@@ -50,10 +50,12 @@ import tempfile
 from dataclasses import asdict, dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+if TYPE_CHECKING:
+    import torch
 
 RECIPE_VERSION = 3
 INIT_GAIN = 1.0
@@ -161,6 +163,8 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
 
 
 def random_weights(spec: ModelSize, seed: int) -> dict[str, torch.Tensor]:
+    import torch  # only to write a model: a cached one is found without it (engine start-up)
+
     gen = torch.Generator().manual_seed(seed)
     head_dim = spec.hidden_size // spec.num_attention_heads
     h, inter = spec.hidden_size, spec.intermediate_size
@@ -236,6 +240,8 @@ def write_model(directory: Path | str, size: str = "tiny", *, seed: int = 0) -> 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = train_tokenizer(spec.vocab_size)
     tokenizer.save(str(out / "tokenizer.json"))
+    from safetensors.torch import save_file
+
     save_file(random_weights(spec, seed), str(out / "model.safetensors"), metadata={"format": "pt"})
     specials = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
     files: dict[str, object] = {
