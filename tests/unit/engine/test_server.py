@@ -247,31 +247,47 @@ def test_client_disconnect_mid_stream_frees_the_sequence(runner: ModelRunner, ti
     serve(runner, tiny, body)
 
 
-def test_cli_prints_ready_serves_and_exits_cleanly_on_sigterm(tiny: Path) -> None:
+def _serve_cli(tiny: Path) -> tuple[subprocess.Popen[str], str]:
+    """``infertune serve`` on the tiny model; the process and its URL once it printed ready."""
+    argv = ["serve", "--model", str(tiny), "--port", "0", "--kv-cache-memory", "64MiB",
+            "--max-num-seqs", "4"]  # fmt: skip
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "infertune.engine.cli",
-            "serve",
-            "--model",
-            str(tiny),
-            "--port",
-            "0",
-            "--kv-cache-memory",
-            "64MiB",
-            "--max-num-seqs",
-            "4",
-        ],
+        [sys.executable, "-m", "infertune.engine.cli", *argv],
         stdout=subprocess.PIPE,
         text=True,
         env=os.environ | {"PYTHONUNBUFFERED": "1"},
     )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().strip()
+    if not line.startswith("infertune engine ready on http://127.0.0.1:"):
+        proc.kill()
+        proc.wait()
+        raise AssertionError(line)
+    return proc, line.rsplit(" ", 1)[1]
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _runner_pid(server_pid: int) -> int:
+    """The model-runner process the server spawned (multiprocessing's spawn entry point)."""
+    return next(
+        c for c in _children(server_pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
+    )
+
+
+def _gone(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    # Gone, or a zombie nobody reaped yet (the state follows the "(comm)" field).
+    return not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def test_cli_prints_ready_serves_and_exits_cleanly_on_sigterm(tiny: Path) -> None:
+    proc, url = _serve_cli(tiny)
     try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().strip()
-        assert line.startswith("infertune engine ready on http://127.0.0.1:"), line
-        url = line.rsplit(" ", 1)[1]
+        runner = _runner_pid(proc.pid)
 
         async def check() -> Any:
             async with aiohttp.ClientSession() as s:
@@ -282,6 +298,21 @@ def test_cli_prints_ready_serves_and_exits_cleanly_on_sigterm(tiny: Path) -> Non
         assert asyncio.run(check())["usage"]["completion_tokens"] >= 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
+        assert _gone(runner), "the model-runner process outlived the server"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_server_dies_by_the_signal_that_killed_its_idle_runner(tiny: Path) -> None:
+    """A runner OOM-killed while no request is running must not leave a server that answers
+    /health with nothing behind it: the server ends too, by the same signal, so the supervisor
+    (a trial, a kubelet) sees why."""
+    proc, _ = _serve_cli(tiny)
+    try:
+        os.kill(_runner_pid(proc.pid), signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
@@ -61,6 +62,10 @@ class RemoteRunner:
         self._proc.start()
         child_conn.close()
         self._info: RunnerInfo | None = None
+        self._closing = False
+        # An idle server sends nothing down the pipe, so a dead runner would go unnoticed (and
+        # /health stay green) until the next request: watch the process itself.
+        threading.Thread(target=self._watch, name="infertune-runner-watch", daemon=True).start()
 
     def wait_ready(self) -> RunnerInfo:
         """Block until the child has built its runner; :class:`RunnerStartError` if it could not."""
@@ -92,6 +97,7 @@ class RemoteRunner:
         return tokens
 
     def close(self) -> None:
+        self._closing = True
         self._conn.close()  # the child's recv sees EOF and it exits
         self._proc.join(timeout=10)
         if self._proc.is_alive():
@@ -111,14 +117,24 @@ class RemoteRunner:
             self._child_died()
         return message
 
+    def _watch(self) -> None:
+        self._proc.join()
+        # Before "ready" the main thread is reading the pipe and reports the start-up error.
+        if not self._closing and self._info is not None:
+            self._child_died()
+
     def _child_died(self) -> NoReturn:
         self._proc.join(timeout=5)
         code = self._proc.exitcode
         log.critical("the model runner process ended (exit %s); the server stops with it", code)
         sys.stderr.flush()
         if code is not None and code < 0:  # killed by a signal: die of the same one
-            signal.signal(-code, signal.SIG_DFL)
-            os.kill(os.getpid(), -code)
+            sig = -code
+            # Those this process handles or ignores (asyncio's stop, Python's Ctrl-C, SIGPIPE)
+            # would not end it, and a handler can be reset only on the main thread.
+            if sig not in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+                os.kill(os.getpid(), sig)
+            os._exit(128 + sig)
         os._exit(code if code else 1)
 
 
