@@ -133,7 +133,7 @@ class Stack:
             self.kubeconfig = self.cluster.kubeconfig
         self.api = config.new_client_from_config(config_file=str(self.kubeconfig))
         self.kubectl("apply", "-f", str(CRD))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD))
+        devcluster.wait_established(self.kubectl, "-f", str(CRD))
         if self.cluster is not None:
             self.cluster.start_controller_manager()
             nodes = [

@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -62,6 +62,23 @@ ADMISSION_PLUGINS = (
     "RuntimeClass,CertificateApproval,CertificateSigning,CertificateSubjectRestriction,"
     "MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ResourceQuota"
 )
+
+
+def wait_established(kubectl: Callable[..., object], *target: str, timeout: float = 60.0) -> None:
+    """``kubectl wait --for=condition=Established TARGET``, retried while kubectl 1.20 fails at
+    once (instead of waiting) on a just-created CRD that has no ``status.conditions`` yet.
+
+    ``kubectl`` is a wrapper that raises RuntimeError with kubectl's stderr on failure.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            kubectl("wait", "--for=condition=Established", "--timeout=60s", *target)
+            return
+        except RuntimeError as exc:
+            if "accessor error" not in str(exc) or time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
 
 
 class Cluster:
@@ -336,7 +353,7 @@ class Cluster:
         for crd in crds:
             self.kubectl("apply", "-f", str(crd))
         if crds:
-            self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd", "--all")
+            wait_established(self.kubectl, "crd", "--all")
         self.start_controller_manager()
         self.start_node_agent(nodes)
         self.timings["total_s"] = time.monotonic() - t0
@@ -446,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             cluster.start()
             for crd in args.crd:
                 cluster.kubectl("apply", "-f", crd)
-                cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", crd)
+                wait_established(cluster.kubectl, "-f", crd)
             cluster.start_controller_manager()
             if not args.no_nodes:
                 cluster.start_node_agent()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -50,16 +49,7 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[devcluster.Cluster]:
     try:
         c.start()
         c.kubectl("apply", "-f", str(CRD))
-        # kubectl 1.20's wait fails outright (not waits) while the CRD has no status yet: retry.
-        for _attempt in range(30):
-            waited = c.kubectl(
-                "wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRD), check=False
-            )
-            if waited.returncode == 0:
-                break
-            time.sleep(1)
-        else:
-            raise RuntimeError(f"CRD not Established: {waited.stderr}")
+        devcluster.wait_established(c.kubectl, "-f", str(CRD))
         c.start_controller_manager()
         c.start_node_agent(NODES, restart_backoff=(0.5, 5.0), max_grace=5.0)
         yield c

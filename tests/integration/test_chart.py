@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "unit" / "chart"))
 
 from chartlib import CHART, OPTIONS, helm, split_manifests, template_text  # noqa: E402
+from devcluster import wait_established  # noqa: E402  (conftest puts scripts/devcluster on the path)
 
 pytestmark = pytest.mark.cluster
 INFERTUNE = ROOT / ".venv" / "bin" / "infertune"
@@ -62,7 +63,7 @@ def _kube_env(cluster: Any) -> list[str]:
 def _apply_chart_crds(cluster: Any) -> None:
     for crd in sorted((CHART / "crds").glob("*.yaml")):
         cluster.kubectl("apply", "-f", str(crd))
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(crd))
+        wait_established(cluster.kubectl, "-f", str(crd))
 
 
 @pytest.mark.parametrize("option", sorted(OPTIONS))

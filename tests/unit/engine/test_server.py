@@ -272,9 +272,11 @@ def _children(pid: int) -> list[int]:
 
 
 def _runner_pid(server_pid: int) -> int:
-    """The model-runner process the server spawned (multiprocessing's spawn entry point)."""
+    """The model-runner process the server started."""
     return next(
-        c for c in _children(server_pid) if b"spawn_main" in Path(f"/proc/{c}/cmdline").read_bytes()
+        c
+        for c in _children(server_pid)
+        if b"infertune.engine.runner_process" in Path(f"/proc/{c}/cmdline").read_bytes()
     )
 
 

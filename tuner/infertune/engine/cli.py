@@ -249,7 +249,9 @@ def serve_main(argv: list[str]) -> int:
 
     # The runner process imports torch and loads the weights while this one starts the server.
     runner = RemoteRunner(
-        build_runner, {"args": args, "model_dir": model_dir}, log_level=args.log_level
+        "infertune.engine.cli:build_runner",
+        {"args": args, "model_dir": model_dir},
+        log_level=args.log_level,
     )
     try:
         return _serve_with(runner, args, model_dir, started)

@@ -9,8 +9,8 @@ out of the API server's process for the same reason).
 
 The server keeps the scheduler, the block manager and the event loop; only
 :meth:`ModelRunner.execute` crosses the pipe (a list of :class:`StepInput` down, one token per
-input back), so the scheduler stays the single owner of the KV blocks. The child is spawned
-(CUDA- and OpenMP-safe), builds the runner while the parent starts its server, and exits when
+input back), so the scheduler stays the single owner of the KV blocks. The child is a fresh
+interpreter (``python -m infertune.engine.runner_process``: CUDA- and OpenMP-safe), builds the runner while the parent starts its server, and exits when
 the pipe closes. If the child dies, the server process ends by the same signal (or exit code):
 a supervisor (a trial, a kubelet) sees what killed the engine, as when both were one process.
 """
@@ -18,10 +18,12 @@ a supervisor (a trial, a kubelet) sees what killed the engine, as when both were
 from __future__ import annotations
 
 import ctypes
+import importlib
 import logging
-import multiprocessing
 import os
 import signal
+import socket
+import subprocess
 import sys
 import threading
 from dataclasses import dataclass
@@ -49,18 +51,20 @@ class RunnerInfo:
 class RemoteRunner:
     """The :class:`~infertune.engine.engine.Runner` the engine thread calls; runs in a child."""
 
-    def __init__(self, build: Any, kwargs: dict[str, Any], log_level: str = "WARNING") -> None:
-        """``build(**kwargs)`` runs in the child and returns the runner (a picklable function)."""
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(
-            target=_child_main,
-            args=(child_conn, build, kwargs, log_level),
-            name="infertune-runner",
-            daemon=True,
-        )
-        self._proc.start()
-        child_conn.close()
+    def __init__(self, build: str, kwargs: dict[str, Any], log_level: str = "WARNING") -> None:
+        """``build`` names ``module:function``; ``function(**kwargs)`` runs in the child and
+        returns the runner (by name: the server's own module may be ``__main__``)."""
+        # A plain child process over a socket pair, not multiprocessing's spawn: that also
+        # starts a resource-tracker process (which outlives a killed server by a moment and
+        # ignores SIGTERM) and shows the runner in `ps` as `spawn_main`.
+        ours, theirs = socket.socketpair()
+        with theirs:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "infertune.engine.runner_process", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+            )
+        self._conn = Connection(ours.detach())
+        self._conn.send((build, kwargs, log_level))
         self._info: RunnerInfo | None = None
         self._closing = False
         # An idle server sends nothing down the pipe, so a dead runner would go unnoticed (and
@@ -99,10 +103,11 @@ class RemoteRunner:
     def close(self) -> None:
         self._closing = True
         self._conn.close()  # the child's recv sees EOF and it exits
-        self._proc.join(timeout=10)
-        if self._proc.is_alive():
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
             self._proc.kill()
-            self._proc.join()
+            self._proc.wait()
 
     def _send(self, message: Any) -> None:
         try:
@@ -118,14 +123,17 @@ class RemoteRunner:
         return message
 
     def _watch(self) -> None:
-        self._proc.join()
+        self._proc.wait()
         # Before "ready" the main thread is reading the pipe and reports the start-up error.
         if not self._closing and self._info is not None:
             self._child_died()
 
     def _child_died(self) -> NoReturn:
-        self._proc.join(timeout=5)
-        code = self._proc.exitcode
+        try:
+            code: int | None = self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # the pipe broke but the process lingers
+            self._proc.kill()
+            code = None
         log.critical("the model runner process ended (exit %s); the server stops with it", code)
         sys.stderr.flush()
         if code is not None and code < 0:  # killed by a signal: die of the same one
@@ -138,16 +146,21 @@ class RemoteRunner:
         os._exit(code if code else 1)
 
 
-def _child_main(conn: Connection, build: Any, kwargs: dict[str, Any], log_level: str) -> None:
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+def _child_main(conn: Connection) -> None:
     _die_with_parent()
+    try:
+        build, kwargs, log_level = conn.recv()
+    except (EOFError, OSError):  # the server died before it sent the recipe
+        return
+    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    module, _, name = build.partition(":")
     # The server decides when to stop (Ctrl-C or SIGTERM to the process group): it finishes
     # its shutdown and then closes the pipe, which ends this loop. A parent that dies without
     # doing so takes this process with it (PDEATHSIG).
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     try:
-        runner = build(**kwargs)
+        runner = getattr(importlib.import_module(module), name)(**kwargs)
     except (ValueError, SystemExit, OSError) as exc:  # a knob or path this setup cannot use
         conn.send(("error", str(exc)))
         return
@@ -177,3 +190,10 @@ def _die_with_parent() -> None:
         return
     if os.getppid() == 1:  # the parent already died before the request took effect
         os._exit(1)
+
+
+if __name__ == "__main__":  # the runner process: `python -m infertune.engine.runner_process FD`
+    # Through the module's real name, so what it pickles (RunnerInfo) is not `__main__.*`.
+    from infertune.engine import runner_process
+
+    runner_process._child_main(Connection(int(sys.argv[1])))
