@@ -189,7 +189,8 @@ class LlamaModel:
         total = self.lm_head.nbytes + norm.numel() * norm.element_size()
         for layer in self.layers:
             total += layer.qkv.nbytes + layer.o.nbytes + layer.gate_up.nbytes + layer.down.nbytes
-            total += 2 * norm.numel() * norm.element_size()
+            for w in (layer.input_norm.weight, layer.post_norm.weight):
+                total += w.numel() * w.element_size()
         return total
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> torch.Tensor:

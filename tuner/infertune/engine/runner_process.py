@@ -10,8 +10,8 @@ out of the API server's process for the same reason).
 The server keeps the scheduler, the block manager and the event loop; only
 :meth:`ModelRunner.execute` crosses the pipe (a list of :class:`StepInput` down, one token per
 input back), so the scheduler stays the single owner of the KV blocks. The child is a fresh
-interpreter (``python -m infertune.engine.runner_process``: CUDA- and OpenMP-safe), builds the runner while the parent starts its server, and exits when
-the pipe closes. If the child dies, the server process ends by the same signal (or exit code):
+interpreter (``python -m infertune.engine.runner_process``: CUDA- and OpenMP-safe); it builds
+the runner while the parent starts its server, and exits when the pipe closes. If the child dies, the server process ends by the same signal (or exit code):
 a supervisor (a trial, a kubelet) sees what killed the engine, as when both were one process.
 """
 
