@@ -169,6 +169,31 @@ class OperatorProcess:
 
 
 @contextlib.contextmanager
+def explained(op: OperatorProcess, api: Any, namespace: str) -> Iterator[None]:
+    """A timed-out wait also shows what the operator saw: its log after the last start, each
+    object's conditions and tuning run, and the Jobs (a flaky wait is otherwise undiagnosable)."""
+    try:
+        yield
+    except AssertionError as failure:
+        lines = [ln for ln in op.log().splitlines() if "DEBUG" not in ln][-60:]
+        objects = client.CustomObjectsApi(api).list_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL
+        )["items"]
+        state = [
+            f"{o['metadata']['name']}: tuning={(o.get('status') or {}).get('tuning')} "
+            f"conditions={[(c['type'], c['status'], c.get('reason')) for c in (o.get('status') or {}).get('conditions', [])]}"
+            for o in objects
+        ]
+        jobs = [
+            f"{j.metadata.name}: {[(c.type, c.status) for c in (j.status.conditions or [])]} "
+            f"active={j.status.active} succeeded={j.status.succeeded}"
+            for j in client.BatchV1Api(api).list_namespaced_job(namespace).items
+        ]
+        detail = "\n".join(["objects:", *state, "jobs:", *jobs, "operator log (tail):", *lines])
+        raise AssertionError(f"{failure}\n{detail}") from None
+
+
+@contextlib.contextmanager
 def running_operator(cluster: Any, api: Any, work: Path) -> Iterator[OperatorProcess]:
     """The operator under the chart's ServiceAccount; stopped on exit, and checked never to have
     been denied by RBAC (what it reached for is within its rules, whatever the specs held)."""

@@ -26,6 +26,7 @@ from operator_harness import (
     VERSION,
     OperatorProcess,
     drive_requests,
+    explained,
     operator_kubeconfig,
     wait_for,
 )
@@ -192,9 +193,10 @@ def test_api_server_restarted_under_the_operator_watches_resume_without_duplicat
         done = run.get("job") != first_job and run.get("finishedAt")
         return o if done and condition(o, "Tuned").get("status") == "True" else None
 
-    wait_for(retuned, "the spec change made after the restart is tuned", timeout=180, every=1.0)
-    wait_for(lambda: condition(isvc(api, namespace, "after"), "Tuned").get("status") == "True",
-             "the object created after the restart is tuned", timeout=180, every=1.0)  # fmt: skip
+    with explained(operator, api, namespace):
+        wait_for(retuned, "the spec change made after the restart is tuned", timeout=180, every=1.0)
+        wait_for(lambda: condition(isvc(api, namespace, "after"), "Tuned").get("status") == "True",
+                 "the object created after the restart is tuned", timeout=180, every=1.0)  # fmt: skip
     time.sleep(3)
     # The superseded run's Job is deleted; one run per decision, none repeated after the restart.
     before = jobs(api, namespace, "before")

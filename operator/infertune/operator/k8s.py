@@ -1,6 +1,7 @@
 """The only module that touches the Kubernetes client. Raw JSON in and out (builders produce API
 dicts already), calls run in a worker thread, and API errors become kopf's retry semantics:
-409 -> TemporaryError(delay), 429 -> TemporaryError(Retry-After), 404 on reads -> None."""
+409 -> TemporaryError(delay), 429 -> TemporaryError(Retry-After), 404 on reads -> None, and an
+unreachable API server (refused, reset, timed out) -> TemporaryError(delay=UNREACHABLE_DELAY_S)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import kopf
 from kubernetes import client as k8s_client
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as TransportError
 
 from infertune.operator.api import GROUP, PLURAL, VERSION
 from infertune.operator.metrics import OperatorMetrics
@@ -32,6 +34,9 @@ KINDS: dict[str, tuple[str, str]] = {
     "InferenceService": (f"/apis/{GROUP}/{VERSION}", PLURAL),
 }
 MERGE = "application/merge-patch+json"
+# An API server that restarts (upgrade, crash) refuses connections for seconds: retry soon rather
+# than after kopf's 60 s default for unexpected exceptions, which would stall every reconcile.
+UNREACHABLE_DELAY_S = 5.0
 
 
 class ApiError(Exception):
@@ -137,6 +142,11 @@ class Kube:
             if mapped is err:
                 raise
             raise mapped from err
+        except (TransportError, OSError) as err:  # urllib3 already retried the connection
+            raise kopf.TemporaryError(
+                f"{verb} {kind}: API server unreachable ({type(err).__name__}); retrying",
+                delay=UNREACHABLE_DELAY_S,
+            ) from err
 
     async def get(self, kind: str, namespace: str, name: str) -> Obj | None:
         try:
