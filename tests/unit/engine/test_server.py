@@ -18,9 +18,10 @@ import pytest
 pytest.importorskip("torch")
 from tokenizers import Tokenizer
 
-from infertune.engine.engine import Engine
+from infertune.engine.engine import Engine, EngineFrontend
 from infertune.engine.make_model import ensure_model
 from infertune.engine.runner import ModelRunner
+from infertune.engine.runner_process import RemoteEngine
 from infertune.engine.server import EngineServer, start_server
 
 Client = Callable[..., Awaitable[Any]]
@@ -36,14 +37,26 @@ def runner(tiny: Path) -> ModelRunner:
     return ModelRunner(tiny, kv_block_size=16, num_kv_blocks=256)
 
 
+# Where the engine loop runs: a thread of the server (tests can look inside its scheduler), or
+# the engine-core process `infertune serve` uses (only its gauges come back).
+PLACEMENTS = ["thread", "core-process"]
+
+
 def serve(
     runner: ModelRunner,
     tiny: Path,
     body: Callable[[str, EngineServer], Awaitable[None]],
+    placement: str = "thread",
     **engine_kw: Any,
 ) -> None:
     """Run ``body(base_url, server)`` against a live server on a free port."""
-    engine = Engine(runner, max_model_len=4096, eos_token_ids=(2,), **engine_kw)
+    settings = {"max_model_len": 4096, "eos_token_ids": (2,), **engine_kw}
+    engine: EngineFrontend
+    if placement == "thread":
+        engine = Engine(runner, **settings)
+    else:
+        recipe = {"model_dir": tiny, "kv_block_size": 16, "num_kv_blocks": 256}
+        engine = RemoteEngine("infertune.engine.runner:ModelRunner", recipe, settings)
     tok = Tokenizer.from_file(str(tiny / "tokenizer.json"))
     server = EngineServer(engine, tok, model_name="tiny", model_dir=tiny)
 
@@ -59,6 +72,20 @@ def serve(
         asyncio.run(main())
     finally:
         engine.stop()
+
+
+async def drained(engine: EngineFrontend) -> bool:
+    """Every sequence gone and every KV block free, within a few seconds."""
+    for _ in range(300):
+        if isinstance(engine, Engine):
+            done = engine.block_manager.num_free_blocks == 256 and not engine.scheduler.has_work
+        else:  # the core process reports its gauges after every step
+            st = engine.stats
+            done = st.kv_usage == 0 and st.num_running == 0 and st.num_waiting == 0
+        if done:
+            return True
+        await asyncio.sleep(0.02)
+    return False
 
 
 async def sse(resp: aiohttp.ClientResponse) -> list[Any]:
@@ -172,8 +199,9 @@ def test_bad_requests_get_clear_errors(
     serve(runner, tiny, body)
 
 
+@pytest.mark.parametrize("placement", PLACEMENTS)
 def test_overload_gets_503_with_retry_after_and_the_server_survives(
-    runner: ModelRunner, tiny: Path
+    runner: ModelRunner, tiny: Path, placement: str
 ) -> None:
     async def body(url: str, _: EngineServer) -> None:
         req = {"prompt": "overload", "max_tokens": 40, "ignore_eos": True}
@@ -193,10 +221,13 @@ def test_overload_gets_503_with_retry_after_and_the_server_survives(
             async with s.post(f"{url}/v1/completions", json=req) as r:
                 assert r.status == 200
 
-    serve(runner, tiny, body, max_num_seqs=1, max_waiting=2)
+    serve(runner, tiny, body, placement, max_num_seqs=1, max_waiting=2)
 
 
-def test_metrics_use_vllm_names_and_count_requests(runner: ModelRunner, tiny: Path) -> None:
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_metrics_use_vllm_names_and_count_requests(
+    runner: ModelRunner, tiny: Path, placement: str
+) -> None:
     async def body(url: str, server: EngineServer) -> None:
         req = {"prompt": "metrics", "max_tokens": 4, "ignore_eos": True, "stream": True}
         async with aiohttp.ClientSession() as s:
@@ -227,24 +258,23 @@ def test_metrics_use_vllm_names_and_count_requests(runner: ModelRunner, tiny: Pa
             assert value(f"vllm:{gauge}") == 0
         assert 'vllm:time_to_first_token_seconds_bucket{le="0.005"' in text  # ms-level buckets
 
-    serve(runner, tiny, body)
+    serve(runner, tiny, body, placement)
 
 
-def test_client_disconnect_mid_stream_frees_the_sequence(runner: ModelRunner, tiny: Path) -> None:
+@pytest.mark.parametrize("placement", PLACEMENTS)
+def test_client_disconnect_mid_stream_frees_the_sequence(
+    runner: ModelRunner, tiny: Path, placement: str
+) -> None:
     async def body(url: str, server: EngineServer) -> None:
         req = {"prompt": "bye", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         async with aiohttp.ClientSession() as s:
             r = await s.post(f"{url}/v1/completions", json=req)
             await r.content.readline()  # the first token arrived: it is running
+            assert server.engine.stats.num_running == 1
             r.close()  # hang up
-        for _ in range(200):
-            if server.engine.block_manager.num_free_blocks == 256:
-                break
-            await asyncio.sleep(0.02)
-        assert server.engine.block_manager.num_free_blocks == 256
-        assert not server.engine.scheduler.has_work
+        assert await drained(server.engine)
 
-    serve(runner, tiny, body)
+    serve(runner, tiny, body, placement)
 
 
 def _serve_cli(tiny: Path) -> tuple[subprocess.Popen[str], str]:
@@ -355,8 +385,9 @@ def test_make_model_cli_reuses_a_matching_checkpoint(
     assert (tiny / "model.safetensors").stat().st_mtime_ns == before
 
 
+@pytest.mark.parametrize("placement", PLACEMENTS)
 def test_mixed_abandoned_and_overloaded_traffic_leaves_a_clean_engine(
-    runner: ModelRunner, tiny: Path
+    runner: ModelRunner, tiny: Path, placement: str
 ) -> None:
     async def body(url: str, server: EngineServer) -> None:
         async with aiohttp.ClientSession() as s:
@@ -376,13 +407,8 @@ def test_mixed_abandoned_and_overloaded_traffic_leaves_a_clean_engine(
 
             statuses = await asyncio.gather(*(one(i) for i in range(30)))
             assert {200, 499} <= set(statuses) <= {200, 499, 503}
-            engine = server.engine
-            for _ in range(300):
-                if not engine.scheduler.has_work and engine.block_manager.usage == 0:
-                    break
-                await asyncio.sleep(0.02)
-            assert engine.block_manager.usage == 0 and not engine.scheduler.has_work
+            assert await drained(server.engine)
             async with s.post(f"{url}/v1/completions", json={"prompt": "ok", "max_tokens": 2}) as r:
                 assert r.status == 200
 
-    serve(runner, tiny, body, max_num_seqs=4, max_waiting=8)
+    serve(runner, tiny, body, placement, max_num_seqs=4, max_waiting=8)

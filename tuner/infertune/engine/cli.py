@@ -245,58 +245,53 @@ def serve_main(argv: list[str]) -> int:
     if args.gpu_memory_utilization is not None and explicit_cpu:  # known before any process
         raise SystemExit(_gpu_utilization_on_cpu(args.device))
     model_dir = _model_dir(args.model)
-    from infertune.engine.runner_process import RemoteRunner, RunnerStartError
+    from infertune.engine.config import LlamaConfig
+    from infertune.engine.runner_process import RemoteEngine, RunnerStartError
 
-    # The runner process imports torch and loads the weights while this one starts the server.
-    runner = RemoteRunner(
+    cfg = LlamaConfig.from_dir(model_dir)
+    max_model_len = min(
+        args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+    )
+    # The engine-core process imports torch, loads the weights and warms up while this one
+    # starts the server.
+    engine = RemoteEngine(
         "infertune.engine.cli:build_runner",
         {"args": args, "model_dir": model_dir},
+        {
+            "max_num_seqs": args.max_num_seqs,
+            "max_num_batched_tokens": args.max_num_batched_tokens,
+            "max_model_len": max_model_len,
+            "eos_token_ids": cfg.eos_token_ids,
+            "max_waiting": args.max_waiting,
+        },
         log_level=args.log_level,
     )
     try:
-        return _serve_with(runner, args, model_dir, started)
+        return _serve_with(engine, args, model_dir, started)
     except RunnerStartError as exc:  # a knob this setup cannot run, named by the message
         print(f"infertune serve: {exc}", file=sys.stderr)
         return 2
     finally:
-        runner.close()
+        engine.close()
 
 
-def _serve_with(runner: Any, args: argparse.Namespace, model_dir: Path, started: float) -> int:
+def _serve_with(engine: Any, args: argparse.Namespace, model_dir: Path, started: float) -> int:
     from tokenizers import Tokenizer
 
-    from infertune.engine.config import LlamaConfig
-    from infertune.engine.engine import Engine
     from infertune.engine.server import EngineServer
 
-    cfg = LlamaConfig.from_dir(model_dir)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
     name = args.served_model_name or model_dir.name
-    info = runner.wait_ready()
-    max_model_len = min(
-        args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
-    )
-    engine = Engine(
-        runner,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=max_model_len,
-        eos_token_ids=cfg.eos_token_ids,
-        max_waiting=args.max_waiting,
-    )
-    loaded = time.perf_counter()
-    engine.warmup()
-    warmed = time.perf_counter()
     server = EngineServer(engine, tokenizer, model_name=name, model_dir=model_dir)
+    info = engine.wait_ready()  # built and warmed up in the core process
     log.info(
-        "%s: %s, %d KV blocks of %d tokens, weights %.1f MiB; imports+load %.2f s, warm-up %.2f s",
+        "%s: %s, %d KV blocks of %d tokens, weights %.1f MiB; ready in %.2f s",
         name,
         args.quantization,
         info.num_kv_blocks,
         args.kv_block_size,
         info.weight_bytes / 2**20,
-        loaded - started,
-        warmed - loaded,
+        time.perf_counter() - started,
     )
     try:
         asyncio.run(_serve(server, args.host, args.port))

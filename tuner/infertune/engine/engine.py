@@ -5,6 +5,10 @@ keeps serving meanwhile). Requests arrive from the event loop through a locked i
 new tokens go back to the loop with one ``call_soon_threadsafe`` per step, not one per token.
 Timestamps are taken on the engine thread when a token exists, so the latency metrics do not
 include the event loop's own queueing.
+
+``infertune serve`` runs this loop in an engine-core process of its own (see
+:mod:`infertune.engine.runner_process`): there a ``sink`` replaces the asyncio queues and ships
+each step's events, with the gauges, to the server process in one message.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import astuple, dataclass
 from typing import Protocol
 
 from infertune.engine.block_manager import BlockManager
@@ -31,7 +35,9 @@ from infertune.engine.step import SamplingParams, StepInput
 
 __all__ = [
     "Engine",
+    "EngineFrontend",
     "EngineOverloadedError",
+    "EngineStats",
     "RequestRejectedError",
     "Runner",
     "SamplingParams",
@@ -69,8 +75,8 @@ class TokenEvent:
 @dataclass(eq=False)
 class _Request:
     seq: Sequence
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[TokenEvent]
+    loop: asyncio.AbstractEventLoop | None  # None in the engine-core process (a sink delivers)
+    queue: asyncio.Queue[TokenEvent] | None
     arrival: float
     scheduled_at: float | None = None  # first time the scheduler ran any of its tokens
     reported_queue_time: bool = False
@@ -86,8 +92,79 @@ class EngineStats:
     num_preemptions: int = 0
     num_steps: int = 0
 
+    def snapshot(self) -> tuple[int, int, float, int, int]:
+        return astuple(self)  # type: ignore[return-value]
 
-class Engine:
+    def restore(self, values: tuple[int, int, float, int, int]) -> None:
+        (
+            self.num_running,
+            self.num_waiting,
+            self.kv_usage,
+            self.num_preemptions,
+            self.num_steps,
+        ) = values
+
+
+# Where a core process's events go: (seq_id, event) pairs of one step, and the gauges after it.
+Sink = Callable[[list[tuple[int, TokenEvent]], tuple[int, int, float, int, int]], None]
+
+
+class EngineFrontend:
+    """What the HTTP server needs of an engine, in-process (:class:`Engine`) or in a core process
+    (:class:`~infertune.engine.runner_process.RemoteEngine`)."""
+
+    stats: EngineStats
+    max_model_len: int
+
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        ignore_eos: bool = False,
+    ) -> tuple[int, asyncio.Queue[TokenEvent]]:
+        raise NotImplementedError
+
+    def abort(self, seq_id: int) -> None:
+        raise NotImplementedError
+
+    def is_alive(self) -> bool:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def warmup(self) -> None:
+        raise NotImplementedError
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        ignore_eos: bool = False,
+    ) -> AsyncIterator[TokenEvent]:
+        """Token events for one request until it finishes; aborts it if the caller stops early."""
+        seq_id, queue = self.add_request(
+            prompt_ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos
+        )
+        finished = False
+        try:
+            while not finished:
+                event = await queue.get()
+                finished = event.finished
+                yield event
+        finally:
+            if not finished:
+                self.abort(seq_id)
+
+
+class Engine(EngineFrontend):
     def __init__(
         self,
         runner: Runner,
@@ -97,6 +174,7 @@ class Engine:
         max_model_len: int,
         eos_token_ids: tuple[int, ...] = (),
         max_waiting: int = 512,
+        sink: Sink | None = None,
     ) -> None:
         if max_waiting < 1:
             raise ValueError(f"max_waiting={max_waiting} must be a positive integer")
@@ -119,6 +197,9 @@ class Engine:
         self._cond = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._sink = sink
+        self._outbox: list[tuple[int, TokenEvent]] = []
+        self._sent_stats: tuple[int, int, float, int, int] | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -177,7 +258,8 @@ class Engine:
             ignore_eos=ignore_eos,
         )
         self.scheduler.validate(seq)
-        req = _Request(seq, asyncio.get_running_loop(), asyncio.Queue(), time.perf_counter())
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        req = _Request(seq, asyncio.get_running_loop(), queue, time.perf_counter())
         with self._cond:
             if self.stats.num_waiting + len(self._inbox) >= self.max_waiting:
                 raise EngineOverloadedError(
@@ -186,35 +268,19 @@ class Engine:
                 )
             self._inbox.append(req)
             self._cond.notify()
-        return seq.seq_id, req.queue
+        return seq.seq_id, queue
+
+    def submit(self, seq: Sequence, arrival: float) -> None:
+        """Queue a request the server process already validated and admitted (core process)."""
+        with self._cond:
+            self._inbox.append(_Request(seq, None, None, arrival))
+            self._cond.notify()
 
     def abort(self, seq_id: int) -> None:
         """Cancel a request (client went away); safe to call for finished ones."""
         with self._cond:
             self._aborts.append(seq_id)
             self._cond.notify()
-
-    async def generate(
-        self,
-        prompt_ids: list[int],
-        *,
-        max_tokens: int,
-        sampling: SamplingParams | None = None,
-        ignore_eos: bool = False,
-    ) -> AsyncIterator[TokenEvent]:
-        """Token events for one request until it finishes; aborts it if the caller stops early."""
-        seq_id, queue = self.add_request(
-            prompt_ids, max_tokens=max_tokens, sampling=sampling, ignore_eos=ignore_eos
-        )
-        finished = False
-        try:
-            while not finished:
-                event = await queue.get()
-                finished = event.finished
-                yield event
-        finally:
-            if not finished:
-                self.abort(seq_id)
 
     # ---- the engine thread --------------------------------------------------------------------
     def _loop(self) -> None:
@@ -253,6 +319,7 @@ class Engine:
         if step.inputs:
             self._run(step)
         self._update_stats()
+        self._flush()
         if not step.inputs and sched.has_work and not inbox and not aborts:
             time.sleep(0.001)  # nothing fits yet; should not happen, but never spin hot
 
@@ -303,13 +370,27 @@ class Engine:
         )
 
     def _deliver(self, events: list[tuple[_Request, TokenEvent]]) -> None:
+        if self._sink is not None:  # shipped once per step, by _flush()
+            self._outbox.extend((req.seq.seq_id, event) for req, event in events)
+            return
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, TokenEvent]]] = {}
         for req, event in events:
+            assert req.loop is not None
             by_loop.setdefault(req.loop, []).append((req, event))
         for loop, batch in by_loop.items():
             # A closed loop means nobody is listening any more.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_put_all, batch)
+
+    def _flush(self) -> None:
+        """Core process: this step's events and the gauges, one message (none if nothing new)."""
+        if self._sink is None:
+            return
+        stats = self.stats.snapshot()
+        if self._outbox or stats != self._sent_stats:
+            events, self._outbox = self._outbox, []
+            self._sent_stats = stats
+            self._sink(events, stats)
 
     def _update_stats(self) -> None:
         self.stats.num_running = len(self.scheduler.running)
@@ -330,6 +411,7 @@ class Engine:
                 )
             self._inbox.clear()
         self._deliver(events)
+        self._flush()
 
 
 def _now() -> float:
@@ -338,4 +420,5 @@ def _now() -> float:
 
 def _put_all(batch: list[tuple[_Request, TokenEvent]]) -> None:
     for req, event in batch:
+        assert req.queue is not None
         req.queue.put_nowait(event)

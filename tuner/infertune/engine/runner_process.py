@@ -1,24 +1,34 @@
-"""The model runner in a process of its own, so the forward pass never waits for the GIL.
+"""The engine core (scheduler, KV blocks and model) in a process of its own, so the forward
+pass never waits for the GIL and the HTTP server never sits on the step's critical path.
 
 A decode step is some 200 torch ops, and each one releases and re-takes the GIL. With the
 runner on a thread of the HTTP server's process, every re-take waits while the event loop
 formats and writes tokens: measured on this 2-core machine at concurrency 8, a batch-8
 decode step took 9.0 ms under HTTP load against 5.6 ms alone. A CPU-bound process on the
-other core did not slow it, so the cost was the shared GIL (vLLM V1 moved its engine core
-out of the API server's process for the same reason).
+other core did not slow it, so the cost was the shared GIL.
 
-The server keeps the scheduler, the block manager and the event loop; only
-:meth:`ModelRunner.execute` crosses the pipe (a list of :class:`StepInput` down, one token per
-input back), so the scheduler stays the single owner of the KV blocks. The child is a fresh
-interpreter (``python -m infertune.engine.runner_process``: CUDA- and OpenMP-safe); it builds
-the runner while the parent starts its server, and exits when the pipe closes. If the child dies, the server process ends by the same signal (or exit code):
-a supervisor (a trial, a kubelet) sees what killed the engine, as when both were one process.
+A first split moved only the model runner out (one pickle round trip per step). Under HTTP load
+at concurrency 8 the runner then sat idle 1.1 ms of every 9 ms step: the server's engine thread
+had to wake, update the scheduler, hand tokens to the event loop and schedule the next step
+before the runner could go on. So, as vLLM V1's EngineCore, the whole loop of
+:class:`~infertune.engine.engine.Engine` runs here: requests and aborts come down the pipe at any
+time, and each step's tokens (with the gauges for /metrics) go up in one message that the
+server's receiver thread hands to the event loop.
+
+The child is a fresh interpreter (``python -m infertune.engine.runner_process``: CUDA- and
+OpenMP-safe); it builds the runner and warms it up while the parent starts its server, and
+exits when the pipe closes. If the child dies, the server process ends by the same signal (or
+exit code): a supervisor (a trial, a kubelet) sees what killed the engine, as when both were
+one process.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ctypes
 import importlib
+import itertools
 import logging
 import os
 import signal
@@ -26,11 +36,21 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
-from infertune.engine.step import StepInput
+from infertune.engine.block_manager import BlockManager
+from infertune.engine.engine import (
+    Engine,
+    EngineFrontend,
+    EngineOverloadedError,
+    EngineStats,
+    TokenEvent,
+)
+from infertune.engine.scheduler import Scheduler, Sequence
+from infertune.engine.step import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +68,25 @@ class RunnerInfo:
     weight_bytes: int
 
 
-class RemoteRunner:
-    """The :class:`~infertune.engine.engine.Runner` the engine thread calls; runs in a child."""
+class RemoteEngine(EngineFrontend):
+    """The server's handle on the engine-core process: admits requests (validation and the
+    ``max_waiting`` bound are answered here, synchronously, so the server can reply 400/503 at
+    once), forwards them, and feeds each request's asyncio queue from the core's messages."""
 
-    def __init__(self, build: str, kwargs: dict[str, Any], log_level: str = "WARNING") -> None:
+    def __init__(
+        self,
+        build: str,
+        kwargs: dict[str, Any],
+        engine_kwargs: dict[str, Any],
+        log_level: str = "WARNING",
+    ) -> None:
         """``build`` names ``module:function``; ``function(**kwargs)`` runs in the child and
-        returns the runner (by name: the server's own module may be ``__main__``)."""
+        returns the runner (by name: the server's own module may be ``__main__``).
+        ``engine_kwargs`` are :class:`Engine`'s settings (``max_model_len``, ``max_num_seqs``...)."""
+        self.max_model_len = int(engine_kwargs["max_model_len"])
+        self.max_waiting = int(engine_kwargs.get("max_waiting", 512))
+        self.eos_token_ids = frozenset(engine_kwargs.get("eos_token_ids", ()))
+        self.stats = EngineStats()
         # A plain child process over a socket pair, not multiprocessing's spawn: that also
         # starts a resource-tracker process (which outlives a killed server by a moment and
         # ignores SIGTERM) and shows the runner in `ps` as `spawn_main`.
@@ -64,56 +97,138 @@ class RemoteRunner:
                 pass_fds=(theirs.fileno(),),
             )
         self._conn = Connection(ours.detach())
-        self._conn.send((build, kwargs, log_level))
+        self._conn.send((build, kwargs, engine_kwargs, log_level))
+        self._send_lock = threading.Lock()  # the event loop and the server's abort paths
         self._info: RunnerInfo | None = None
+        self._validator: Scheduler | None = None
+        self._ids = itertools.count()
+        # seq_id -> (loop, queue, scheduled yet?); touched under _lock by both threads.
+        self._lock = threading.Lock()
+        self._requests: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue[TokenEvent]]] = {}
+        self._unscheduled: set[int] = set()
+        self._receiver: threading.Thread | None = None
         self._closing = False
-        # An idle server sends nothing down the pipe, so a dead runner would go unnoticed (and
+        # An idle server sends nothing down the pipe, so a dead core would go unnoticed (and
         # /health stay green) until the next request: watch the process itself.
-        threading.Thread(target=self._watch, name="infertune-runner-watch", daemon=True).start()
+        threading.Thread(target=self._watch, name="infertune-core-watch", daemon=True).start()
 
+    # ---- lifecycle ----------------------------------------------------------------------------
     def wait_ready(self) -> RunnerInfo:
-        """Block until the child has built its runner; :class:`RunnerStartError` if it could not."""
+        """Block until the child has built and warmed up its engine; :class:`RunnerStartError`
+        if it could not (a knob this setup cannot run, named by the message)."""
         if self._info is None:
             kind, payload = self._recv()
             if kind != "ready":
                 self.close()
                 raise RunnerStartError(str(payload))
             self._info = payload
+            blocks = BlockManager(payload.num_kv_blocks, payload.block_size)
+            self._validator = Scheduler(
+                blocks, max_num_seqs=1, max_num_batched_tokens=1, max_model_len=self.max_model_len
+            )
         return self._info
 
-    @property
-    def num_kv_blocks(self) -> int:
-        return self.wait_ready().num_kv_blocks
+    def warmup(self) -> None:
+        self.wait_ready()  # the core warms up before it reports ready
 
-    @property
-    def block_size(self) -> int:
-        return self.wait_ready().block_size
+    def start(self) -> None:
+        self.wait_ready()
+        if self._receiver is None:
+            self._receiver = threading.Thread(
+                target=self._receive, name="infertune-core-receiver", daemon=True
+            )
+            self._receiver.start()
 
-    def weight_bytes(self) -> int:
-        return self.wait_ready().weight_bytes
+    def stop(self) -> None:
+        self.close()
 
-    def execute(self, batch: list[StepInput]) -> list[int | None]:
-        self._send(batch)
-        kind, payload = self._recv()
-        if kind != "ok":  # the step failed in the child; the engine fails this batch only
-            raise RuntimeError(str(payload))
-        tokens: list[int | None] = payload
-        return tokens
+    def is_alive(self) -> bool:
+        return (
+            self._receiver is not None and self._receiver.is_alive() and self._proc.poll() is None
+        )
 
     def close(self) -> None:
         self._closing = True
-        self._conn.close()  # the child's recv sees EOF and it exits
+        self._conn.close()  # the child's recv sees EOF; it stops its loop and exits
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
 
+    # ---- the asyncio side ---------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int,
+        sampling: SamplingParams | None = None,
+        ignore_eos: bool = False,
+    ) -> tuple[int, asyncio.Queue[TokenEvent]]:
+        """As :meth:`Engine.add_request`; a request counts as waiting until its first event."""
+        assert self._validator is not None, "start() first"
+        seq = Sequence(
+            seq_id=next(self._ids),
+            prompt_ids=list(prompt_ids),
+            max_tokens=max_tokens,
+            sampling=sampling or SamplingParams(),
+            eos_token_ids=self.eos_token_ids,
+            ignore_eos=ignore_eos,
+        )
+        self._validator.validate(seq)
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        with self._lock:
+            if len(self._unscheduled) >= self.max_waiting:
+                raise EngineOverloadedError(
+                    f"{self.max_waiting} requests are already waiting (--max-waiting); "
+                    "retry shortly"
+                )
+            self._requests[seq.seq_id] = (asyncio.get_running_loop(), queue)
+            self._unscheduled.add(seq.seq_id)
+        self._send(("add", seq, time.perf_counter()))
+        return seq.seq_id, queue
+
+    def abort(self, seq_id: int) -> None:
+        with self._lock:
+            known = self._requests.pop(seq_id, None) is not None
+            self._unscheduled.discard(seq_id)
+        if known:
+            self._send(("abort", seq_id))
+
+    # ---- the receiver thread ------------------------------------------------------------------
+    def _receive(self) -> None:
+        while True:
+            try:
+                events, stats = self._conn.recv()
+            except (EOFError, ConnectionResetError, OSError):
+                if self._closing:
+                    return
+                self._child_died()
+            self.stats.restore(stats)
+            by_loop: dict[
+                asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[TokenEvent], TokenEvent]]
+            ] = {}
+            with self._lock:
+                for seq_id, event in events:
+                    target = self._requests.get(seq_id)
+                    if target is None:  # aborted meanwhile: nobody listens
+                        continue
+                    if event.queue_time is not None or event.finished:
+                        self._unscheduled.discard(seq_id)
+                    if event.finished:
+                        del self._requests[seq_id]
+                    by_loop.setdefault(target[0], []).append((target[1], event))
+            for loop, batch in by_loop.items():
+                with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
+                    loop.call_soon_threadsafe(_put_each, batch)
+
     def _send(self, message: Any) -> None:
         try:
-            self._conn.send(message)
+            with self._send_lock:
+                self._conn.send(message)
         except (BrokenPipeError, ConnectionResetError, OSError):
-            self._child_died()
+            if not self._closing:
+                self._child_died()
 
     def _recv(self) -> tuple[str, Any]:
         try:
@@ -134,7 +249,7 @@ class RemoteRunner:
         except subprocess.TimeoutExpired:  # the pipe broke but the process lingers
             self._proc.kill()
             code = None
-        log.critical("the model runner process ended (exit %s); the server stops with it", code)
+        log.critical("the engine core process ended (exit %s); the server stops with it", code)
         sys.stderr.flush()
         if code is not None and code < 0:  # killed by a signal: die of the same one
             sig = -code
@@ -146,10 +261,15 @@ class RemoteRunner:
         os._exit(code if code else 1)
 
 
+def _put_each(batch: list[tuple[asyncio.Queue[TokenEvent], TokenEvent]]) -> None:
+    for queue, event in batch:
+        queue.put_nowait(event)
+
+
 def _child_main(conn: Connection) -> None:
     _die_with_parent()
     try:
-        build, kwargs, log_level = conn.recv()
+        build, kwargs, engine_kwargs, log_level = conn.recv()
     except (EOFError, OSError):  # the server died before it sent the recipe
         return
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
@@ -164,21 +284,31 @@ def _child_main(conn: Connection) -> None:
     except (ValueError, SystemExit, OSError) as exc:  # a knob or path this setup cannot use
         conn.send(("error", str(exc)))
         return
+    send_lock = threading.Lock()
+
+    def ship(events: list[tuple[int, TokenEvent]], stats: tuple[int, int, float, int, int]) -> None:
+        try:
+            with send_lock:
+                conn.send((events, stats))
+        except (BrokenPipeError, OSError):  # the server is gone; PDEATHSIG or EOF ends us
+            pass
+
+    engine = Engine(runner, sink=ship, **engine_kwargs)
+    engine.warmup()
     conn.send(("ready", RunnerInfo(runner.num_kv_blocks, runner.block_size, runner.weight_bytes())))
-    while True:
-        try:
-            batch = conn.recv()
-        except (EOFError, OSError):  # the server closed the pipe or died
-            return
-        try:
-            reply: tuple[str, Any] = ("ok", runner.execute(batch))
-        except Exception as exc:  # reported per step; the engine fails that batch only
-            log.exception("model step failed")
-            reply = ("error", f"{type(exc).__name__}: {exc}")
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
-            return
+    engine.start()
+    try:
+        while True:
+            try:
+                message = conn.recv()
+            except (EOFError, OSError):  # the server closed the pipe or died
+                return
+            if message[0] == "add":
+                engine.submit(message[1], message[2])
+            elif message[0] == "abort":
+                engine.abort(message[1])
+    finally:
+        engine.stop()
 
 
 def _die_with_parent() -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from aiohttp import web
 from tokenizers import Tokenizer
 
-from infertune.engine.engine import Engine, EngineOverloadedError, TokenEvent
+from infertune.engine.engine import EngineFrontend, EngineOverloadedError, TokenEvent
 from infertune.engine.metrics import CONTENT_TYPE, EngineMetrics
 from infertune.engine.protocol import (
     BadRequestError,
@@ -90,7 +90,7 @@ class _Stream:
 class EngineServer:
     def __init__(
         self,
-        engine: Engine,
+        engine: EngineFrontend,
         tokenizer: Tokenizer,
         *,
         model_name: str,
