@@ -19,7 +19,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import astuple, dataclass
 from typing import Protocol
 
@@ -38,6 +38,7 @@ __all__ = [
     "EngineFrontend",
     "EngineOverloadedError",
     "EngineStats",
+    "Request",
     "RequestRejectedError",
     "Runner",
     "SamplingParams",
@@ -73,7 +74,7 @@ class TokenEvent:
 
 
 @dataclass(eq=False)
-class _Request:
+class Request:
     seq: Sequence
     loop: asyncio.AbstractEventLoop | None  # None in the engine-core process (a sink delivers)
     queue: asyncio.Queue[TokenEvent] | None
@@ -115,6 +116,9 @@ class EngineFrontend:
 
     stats: EngineStats
     max_model_len: int
+    max_waiting: int
+    eos_token_ids: frozenset[int]
+    _ids: Iterator[int]
 
     def add_request(
         self,
@@ -124,7 +128,35 @@ class EngineFrontend:
         sampling: SamplingParams | None = None,
         ignore_eos: bool = False,
     ) -> tuple[int, asyncio.Queue[TokenEvent]]:
+        """Queue a request from the running event loop; its id and its token-event queue.
+
+        Raises :class:`RequestRejectedError` for requests that can never fit and
+        :class:`EngineOverloadedError` when ``max_waiting`` requests are already queued.
+        """
+        seq = Sequence(
+            seq_id=next(self._ids),
+            prompt_ids=list(prompt_ids),
+            max_tokens=max_tokens,
+            sampling=sampling or SamplingParams(),
+            eos_token_ids=self.eos_token_ids,
+            ignore_eos=ignore_eos,
+        )
+        self._validate(seq)
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._admit(Request(seq, asyncio.get_running_loop(), queue, time.perf_counter()))
+        return seq.seq_id, queue
+
+    def _validate(self, seq: Sequence) -> None:
         raise NotImplementedError
+
+    def _admit(self, req: Request) -> None:
+        """Hand the request to the loop; :class:`EngineOverloadedError` when too many wait."""
+        raise NotImplementedError
+
+    def _overloaded(self) -> EngineOverloadedError:
+        return EngineOverloadedError(
+            f"{self.max_waiting} requests are already waiting (--max-waiting); retry shortly"
+        )
 
     def abort(self, seq_id: int) -> None:
         raise NotImplementedError
@@ -191,8 +223,8 @@ class Engine(EngineFrontend):
         self.max_waiting = max_waiting
         self.stats = EngineStats()
         self._ids = itertools.count()
-        self._requests: dict[int, _Request] = {}  # engine thread only
-        self._inbox: list[_Request] = []
+        self._requests: dict[int, Request] = {}  # engine thread only
+        self._inbox: list[Request] = []
         self._aborts: list[int] = []
         self._cond = threading.Condition()
         self._stopping = False
@@ -236,44 +268,20 @@ class Engine(EngineFrontend):
         return self._thread is not None and self._thread.is_alive()
 
     # ---- the asyncio side ---------------------------------------------------------------------
-    def add_request(
-        self,
-        prompt_ids: list[int],
-        *,
-        max_tokens: int,
-        sampling: SamplingParams | None = None,
-        ignore_eos: bool = False,
-    ) -> tuple[int, asyncio.Queue[TokenEvent]]:
-        """Queue a request from the running event loop; its id and its token-event queue.
-
-        Raises :class:`RequestRejectedError` for requests that can never fit and
-        :class:`EngineOverloadedError` when ``max_waiting`` requests are already queued.
-        """
-        seq = Sequence(
-            seq_id=next(self._ids),
-            prompt_ids=list(prompt_ids),
-            max_tokens=max_tokens,
-            sampling=sampling or SamplingParams(),
-            eos_token_ids=self.eos_token_ids,
-            ignore_eos=ignore_eos,
-        )
+    def _validate(self, seq: Sequence) -> None:
         self.scheduler.validate(seq)
-        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        req = _Request(seq, asyncio.get_running_loop(), queue, time.perf_counter())
+
+    def _admit(self, req: Request) -> None:
         with self._cond:
             if self.stats.num_waiting + len(self._inbox) >= self.max_waiting:
-                raise EngineOverloadedError(
-                    f"{self.max_waiting} requests are already waiting (--max-waiting); "
-                    "retry shortly"
-                )
+                raise self._overloaded()
             self._inbox.append(req)
             self._cond.notify()
-        return seq.seq_id, queue
 
     def submit(self, seq: Sequence, arrival: float) -> None:
         """Queue a request the server process already validated and admitted (core process)."""
         with self._cond:
-            self._inbox.append(_Request(seq, None, None, arrival))
+            self._inbox.append(Request(seq, None, None, arrival))
             self._cond.notify()
 
     def abort(self, seq_id: int) -> None:
@@ -301,7 +309,7 @@ class Engine(EngineFrontend):
                 self._fail_all("internal engine error")
         self._fail_all("the engine stopped")
 
-    def _step(self, inbox: list[_Request], aborts: list[int]) -> None:
+    def _step(self, inbox: list[Request], aborts: list[int]) -> None:
         sched = self.scheduler
         for req in inbox:
             try:
@@ -341,7 +349,7 @@ class Engine(EngineFrontend):
             )
             return
         now = time.perf_counter()
-        events: list[tuple[_Request, TokenEvent]] = []
+        events: list[tuple[Request, TokenEvent]] = []
         for seq in emitted:
             tok = [seq.output_ids[-1]]
             if seq.finish_reason is None:
@@ -369,11 +377,11 @@ class Engine(EngineFrontend):
             error=error,
         )
 
-    def _deliver(self, events: list[tuple[_Request, TokenEvent]]) -> None:
+    def _deliver(self, events: list[tuple[Request, TokenEvent]]) -> None:
         if self._sink is not None:  # shipped once per step, by _flush()
             self._outbox.extend((req.seq.seq_id, event) for req, event in events)
             return
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Request, TokenEvent]]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Request, TokenEvent]]] = {}
         for req, event in events:
             assert req.loop is not None
             by_loop.setdefault(req.loop, []).append((req, event))
@@ -418,7 +426,7 @@ def _now() -> float:
     return time.perf_counter()
 
 
-def _put_all(batch: list[tuple[_Request, TokenEvent]]) -> None:
+def _put_all(batch: list[tuple[Request, TokenEvent]]) -> None:
     for req, event in batch:
         assert req.queue is not None
         req.queue.put_nowait(event)

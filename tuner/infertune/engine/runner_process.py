@@ -36,7 +36,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
@@ -45,12 +44,11 @@ from infertune.engine.block_manager import BlockManager
 from infertune.engine.engine import (
     Engine,
     EngineFrontend,
-    EngineOverloadedError,
     EngineStats,
+    Request,
     TokenEvent,
 )
 from infertune.engine.scheduler import Scheduler, Sequence
-from infertune.engine.step import SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -164,36 +162,20 @@ class RemoteEngine(EngineFrontend):
             self._proc.wait()
 
     # ---- the asyncio side ---------------------------------------------------------------------
-    def add_request(
-        self,
-        prompt_ids: list[int],
-        *,
-        max_tokens: int,
-        sampling: SamplingParams | None = None,
-        ignore_eos: bool = False,
-    ) -> tuple[int, asyncio.Queue[TokenEvent]]:
-        """As :meth:`Engine.add_request`; a request counts as waiting until its first event."""
+    def _validate(self, seq: Sequence) -> None:
         assert self._validator is not None, "start() first"
-        seq = Sequence(
-            seq_id=next(self._ids),
-            prompt_ids=list(prompt_ids),
-            max_tokens=max_tokens,
-            sampling=sampling or SamplingParams(),
-            eos_token_ids=self.eos_token_ids,
-            ignore_eos=ignore_eos,
-        )
         self._validator.validate(seq)
-        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+    def _admit(self, req: Request) -> None:
+        # A request counts as waiting until its first event (the core's gauge lags a step).
+        assert req.loop is not None and req.queue is not None
+        seq_id = req.seq.seq_id
         with self._lock:
             if len(self._unscheduled) >= self.max_waiting:
-                raise EngineOverloadedError(
-                    f"{self.max_waiting} requests are already waiting (--max-waiting); "
-                    "retry shortly"
-                )
-            self._requests[seq.seq_id] = (asyncio.get_running_loop(), queue)
-            self._unscheduled.add(seq.seq_id)
-        self._send(("add", seq, time.perf_counter()))
-        return seq.seq_id, queue
+                raise self._overloaded()
+            self._requests[seq_id] = (req.loop, req.queue)
+            self._unscheduled.add(seq_id)
+        self._send(("add", req.seq, req.arrival))
 
     def abort(self, seq_id: int) -> None:
         with self._lock:
