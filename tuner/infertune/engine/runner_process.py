@@ -100,11 +100,12 @@ class RemoteEngine(EngineFrontend):
         self._sock = ours
         self._conn = Connection(os.dup(ours.fileno()))
         self._conn.send((build, kwargs, engine_kwargs, log_level))
-        self._send_lock = threading.Lock()  # the event loop and the server's abort paths
+        self._send_lock = threading.Lock()  # callers on any thread share one pipe
         self._info: RunnerInfo | None = None
         self._validator: Scheduler | None = None
         self._ids = itertools.count()
-        # seq_id -> (loop, queue, scheduled yet?); touched under _lock by both threads.
+        # seq_id -> (loop, queue) of live requests, and those not yet scheduled (no event yet);
+        # both touched under _lock by the event loop and the receiver thread.
         self._lock = threading.Lock()
         self._requests: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue[TokenEvent]]] = {}
         self._unscheduled: set[int] = set()
