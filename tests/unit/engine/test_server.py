@@ -19,9 +19,9 @@ pytest.importorskip("torch")
 from tokenizers import Tokenizer
 
 from infertune.engine.engine import Engine, EngineFrontend
+from infertune.engine.engine_core import RemoteEngine
 from infertune.engine.make_model import ensure_model
 from infertune.engine.runner import ModelRunner
-from infertune.engine.runner_process import RemoteEngine
 from infertune.engine.server import EngineServer, start_server
 
 Client = Callable[..., Awaitable[Any]]
@@ -301,12 +301,12 @@ def _children(pid: int) -> list[int]:
     return [int(c) for c in path.read_text().split()] if path.exists() else []
 
 
-def _runner_pid(server_pid: int) -> int:
-    """The model-runner process the server started."""
+def _core_pid(server_pid: int) -> int:
+    """The engine-core process the server started."""
     return next(
         c
         for c in _children(server_pid)
-        if b"infertune.engine.runner_process" in Path(f"/proc/{c}/cmdline").read_bytes()
+        if b"infertune.engine.engine_core" in Path(f"/proc/{c}/cmdline").read_bytes()
     )
 
 
@@ -319,7 +319,7 @@ def _gone(pid: int) -> bool:
 def test_cli_prints_ready_serves_and_exits_cleanly_on_sigterm(tiny: Path) -> None:
     proc, url = _serve_cli(tiny)
     try:
-        runner = _runner_pid(proc.pid)
+        runner = _core_pid(proc.pid)
 
         async def check() -> Any:
             async with aiohttp.ClientSession() as s:
@@ -343,7 +343,7 @@ def test_server_dies_by_the_signal_that_killed_its_idle_runner(tiny: Path) -> No
     (a trial, a kubelet) sees why."""
     proc, _ = _serve_cli(tiny)
     try:
-        os.kill(_runner_pid(proc.pid), signal.SIGKILL)
+        os.kill(_core_pid(proc.pid), signal.SIGKILL)
         assert proc.wait(timeout=30) == -signal.SIGKILL
     finally:
         if proc.poll() is None:

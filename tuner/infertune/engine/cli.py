@@ -246,7 +246,7 @@ def serve_main(argv: list[str]) -> int:
         raise SystemExit(_gpu_utilization_on_cpu(args.device))
     model_dir = _model_dir(args.model)
     from infertune.engine.config import LlamaConfig
-    from infertune.engine.runner_process import RemoteEngine, RunnerStartError
+    from infertune.engine.engine_core import RemoteEngine, RunnerStartError
 
     cfg = LlamaConfig.from_dir(model_dir)
     max_model_len = min(

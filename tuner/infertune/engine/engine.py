@@ -7,7 +7,7 @@ Timestamps are taken on the engine thread when a token exists, so the latency me
 include the event loop's own queueing.
 
 ``infertune serve`` runs this loop in an engine-core process of its own (see
-:mod:`infertune.engine.runner_process`): there a ``sink`` replaces the asyncio queues and ships
+:mod:`infertune.engine.engine_core`): there a ``sink`` replaces the asyncio queues and ships
 each step's events, with the gauges, to the server process in one message.
 """
 
@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Protocol
 
 from infertune.engine.block_manager import BlockManager
@@ -93,26 +93,19 @@ class EngineStats:
     num_preemptions: int = 0
     num_steps: int = 0
 
-    def snapshot(self) -> tuple[int, int, float, int, int]:
-        return astuple(self)  # type: ignore[return-value]
-
-    def restore(self, values: tuple[int, int, float, int, int]) -> None:
-        (
-            self.num_running,
-            self.num_waiting,
-            self.kv_usage,
-            self.num_preemptions,
-            self.num_steps,
-        ) = values
+    def restore(self, other: EngineStats) -> None:
+        """Take the gauges a core process sent (in place: the metrics endpoint holds this one)."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(other, f.name))
 
 
 # Where a core process's events go: (seq_id, event) pairs of one step, and the gauges after it.
-Sink = Callable[[list[tuple[int, TokenEvent]], tuple[int, int, float, int, int]], None]
+Sink = Callable[[list[tuple[int, TokenEvent]], EngineStats], None]
 
 
 class EngineFrontend:
     """What the HTTP server needs of an engine, in-process (:class:`Engine`) or in a core process
-    (:class:`~infertune.engine.runner_process.RemoteEngine`)."""
+    (:class:`~infertune.engine.engine_core.RemoteEngine`)."""
 
     stats: EngineStats
     max_model_len: int
@@ -231,7 +224,7 @@ class Engine(EngineFrontend):
         self._thread: threading.Thread | None = None
         self._sink = sink
         self._outbox: list[tuple[int, TokenEvent]] = []
-        self._sent_stats: tuple[int, int, float, int, int] | None = None
+        self._sent_stats: EngineStats | None = None
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self) -> None:
@@ -394,7 +387,7 @@ class Engine(EngineFrontend):
         """Core process: this step's events and the gauges, one message (none if nothing new)."""
         if self._sink is None:
             return
-        stats = self.stats.snapshot()
+        stats = replace(self.stats)  # a copy: the loop goes on updating its own
         if self._outbox or stats != self._sent_stats:
             events, self._outbox = self._outbox, []
             self._sent_stats = stats

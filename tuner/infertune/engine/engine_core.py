@@ -15,7 +15,7 @@ before the runner could go on. So, as vLLM V1's EngineCore, the whole loop of
 time, and each step's tokens (with the gauges for /metrics) go up in one message that the
 server's receiver thread hands to the event loop.
 
-The child is a fresh interpreter (``python -m infertune.engine.runner_process``: CUDA- and
+The child is a fresh interpreter (``python -m infertune.engine.engine_core``: CUDA- and
 OpenMP-safe); it builds the runner and warms it up while the parent starts its server, and
 exits when the pipe closes. If the child dies, the server process ends by the same signal (or
 exit code): a supervisor (a trial, a kubelet) sees what killed the engine, as when both were
@@ -91,7 +91,7 @@ class RemoteEngine(EngineFrontend):
         ours, theirs = socket.socketpair()
         with theirs:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "infertune.engine.runner_process", str(theirs.fileno())],
+                [sys.executable, "-m", "infertune.engine.engine_core", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
             )
         # Kept to shut the socket down on close: closing the fd alone neither wakes the
@@ -276,7 +276,7 @@ def _child_main(conn: Connection) -> None:
         return
     send_lock = threading.Lock()
 
-    def ship(events: list[tuple[int, TokenEvent]], stats: tuple[int, int, float, int, int]) -> None:
+    def ship(events: list[tuple[int, TokenEvent]], stats: EngineStats) -> None:
         try:
             with send_lock:
                 conn.send((events, stats))
@@ -312,8 +312,8 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-if __name__ == "__main__":  # the runner process: `python -m infertune.engine.runner_process FD`
+if __name__ == "__main__":  # the engine-core process: `python -m infertune.engine.engine_core FD`
     # Through the module's real name, so what it pickles (RunnerInfo) is not `__main__.*`.
-    from infertune.engine import runner_process
+    from infertune.engine import engine_core
 
-    runner_process._child_main(Connection(int(sys.argv[1])))
+    engine_core._child_main(Connection(int(sys.argv[1])))
