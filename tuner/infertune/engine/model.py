@@ -294,18 +294,15 @@ class LlamaModel:
         flat = layer_cache.view(2 * nkv * num_blocks, block_size * hd)
         kv = torch.index_select(flat, 0, setup.cache_rows).view(2, nb * nkv, span, hd)
         qg = q.reshape(nb * nkv, group, hd)  # query heads are grouped by their kv head
-        if self.decode_attention_fp32:
-            keys, values = kv.float().unbind(0)
-            scores = torch.baddbmm(setup.bias, qg.float(), keys.transpose(1, 2), alpha=self.scale)
-            out = torch.bmm(torch.softmax(scores, dim=-1), values).to(q.dtype)
-            return out.view(nb, cfg.num_attention_heads, hd)
+        if self.decode_attention_fp32:  # int8/int4 on CPU: the fp32 path, cast back at the end
+            kv, qg = kv.float(), qg.float()
         keys, values = kv.unbind(0)
-        if q.dtype == torch.float32:  # scale, mask and scores in one GEMM
+        if qg.dtype == torch.float32:  # scale, mask and scores in one GEMM
             scores = torch.baddbmm(setup.bias, qg, keys.transpose(1, 2), alpha=self.scale)
         else:  # low precision GEMM, then fp32 softmax as transformers does
             scores = torch.bmm(qg, keys.transpose(1, 2)).float() * self.scale + setup.bias
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
-        out = torch.bmm(probs, values)  # [B * kv, group, hd]
+        probs = torch.softmax(scores, dim=-1).to(qg.dtype)
+        out = torch.bmm(probs, values).to(q.dtype)  # [B * kv, group, hd]
         return out.view(nb, cfg.num_attention_heads, hd)
 
     def _prefill_attention(
