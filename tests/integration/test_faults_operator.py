@@ -282,6 +282,51 @@ def test_conflicts_and_throttling_are_retried_with_backoff(
         proxy.stop()
 
 
+def test_a_job_that_finishes_before_its_run_is_recorded_is_still_ingested(
+    cluster: Any, api: Any, namespace: str, tmp_path: Path
+) -> None:
+    """The Job event can come too early to count: every status write is throttled until the
+    (ungated, fast) tuning Job has finished, so the operator sees the Job complete while its
+    status does not yet name the run, and a finished Job sends no further events. The CI
+    failure of stop 14/15 was this race after an API server restart. The keep-checking timer
+    reads a pending run's Job back and ingests it."""
+    name = "early"
+    status = rf"/namespaces/{namespace}/{PLURAL}/{name}/status$"
+    throttled = Fault("PATCH", status, 429, times=10_000, retry_after="2")
+    proxy = FaultProxy(cluster.server, cluster.ca_cert, [throttled]).start()
+    op = operator_for(cluster, api, namespace, tmp_path, server=proxy.url).start()
+    try:
+        apply(cluster, namespace, demo(name, hardware=HARDWARE), tmp_path)
+
+        def finished() -> bool:
+            return any(
+                c.type == "Complete" and c.status == "True"
+                for j in jobs(api, namespace, name)
+                for c in j.status.conditions or []
+            )
+
+        wait_for(finished, "the tuning Job completed", timeout=120, every=0.5)
+        assert not (isvc(api, namespace, name).get("status") or {}).get("tuning")
+        assert throttled.injected  # the operator did try to record the run
+        throttled.times = len(throttled.injected)  # the API server lets status writes in again
+        time.sleep(8)  # past any Job event the operator got: none is still in flight
+        with explained(op, api, namespace):
+            wait_for(
+                lambda: condition(isvc(api, namespace, name), "Tuned").get("status") == "True",
+                "the finished Job ingested without a further Job event",
+                timeout=90,
+                every=1.0,
+            )
+        obj = isvc(api, namespace, name)
+        assert obj["status"]["tuning"]["finishedAt"]
+        assert obj["status"]["tuning"]["job"] == jobs(api, namespace, name)[0].metadata.name
+        assert len(jobs(api, namespace, name)) == 1
+        assert "finished without its result ingested" in op.log()
+    finally:
+        op.stop()
+        proxy.stop()
+
+
 def _client_loop(url: str, stop: threading.Event, sent: list[int], errors: list[str]) -> None:
     """One client, back to back: 16-token answers keep each request inside the engine long
     enough that every client has one in flight when it freezes, a share of the window well

@@ -32,6 +32,8 @@ from infertune.operator.summary import Summary, parse_summary
 from infertune.tuner.api import TuningSpec
 
 USER_REASONS = ("Created", "SpecChanged")
+# How often a pending run's Job is read back by the timer (see resync_pending_run).
+JOB_RESYNC_S = 30.0
 
 
 async def invalid_spec(err: InvalidSpecError) -> None:
@@ -197,6 +199,34 @@ async def ingest_job(
     if duration is not None:
         rt.metrics.tuning_duration.labels(result).observe(duration)
     await commit(ctx)
+
+
+async def resync_pending_run(
+    rt: Runtime, body: Any, pods: list[dict[str, Any]], nodes: dict[str, str | None]
+) -> bool:
+    """Level-triggered backstop for the Job watch: ingest the recorded run's Job if it finished.
+
+    The Job event is the fast path, but it can come too early to count: a Job that finishes
+    while the handler that created it is still retrying its status write (409, 429, an API
+    server restart) is seen before the status names it, so ingest_job ignores it, and a finished
+    Job sends no further events. Checked at most every JOB_RESYNC_S per object, and only while
+    a run is pending, so an idle fleet costs no reads. True when a result was ingested."""
+    run = (body.get("status") or {}).get("tuning") or {}
+    job_name = run.get("job")
+    if not job_name or run.get("finishedAt"):
+        return False
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    now = time.monotonic()
+    if now - rt.job_resynced.get(key, float("-inf")) < JOB_RESYNC_S:
+        return False
+    rt.job_resynced[key] = now
+    job = await rt.kube.get("Job", meta["namespace"], job_name)
+    if job is None or _job_finished(job) is None:
+        return False
+    log.info("%s/%s: Job %s finished without its result ingested; ingesting now", *key, job_name)
+    await ingest_job(rt, job, pods, nodes)
+    return True
 
 
 async def _ingest_summary(
