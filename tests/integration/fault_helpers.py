@@ -142,14 +142,19 @@ class Fault:
     times: int
     retry_after: str = "1"
     conflict: Callable[[], None] | None = None
+    body: str | None = None  # a regex the request body must match too (None: any body)
     injected: list[float] = field(default_factory=list)  # monotonic times of each injection
     upstream: list[int] = field(default_factory=list)  # API server's answers to injected 409s
 
-    def matches(self, method: str, path: str) -> bool:
+    def matches(self, method: str, path: str, body: bytes | None = None) -> bool:
         return (
             len(self.injected) < self.times
             and method == self.method
             and re.search(self.path, path) is not None
+            and (
+                self.body is None
+                or re.search(self.body, (body or b"").decode("utf-8", "replace")) is not None
+            )
         )
 
 
@@ -164,7 +169,7 @@ class _Handler(BaseHTTPRequestHandler):
         proxy = self.server.proxy
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
-        fault = proxy.take(self.command, self.path)
+        fault = proxy.take(self.command, self.path, body)
         proxy.requests.append((time.monotonic(), self.command, self.path))
         if fault is not None and fault.status != 409:
             payload = json.dumps({
@@ -236,10 +241,10 @@ class FaultProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
-    def take(self, method: str, path: str) -> Fault | None:
+    def take(self, method: str, path: str, body: bytes | None = None) -> Fault | None:
         with self._lock:
             for fault in self.faults:
-                if fault.matches(method, path):
+                if fault.matches(method, path, body):
                     fault.injected.append(time.monotonic())
                     return fault
         return None

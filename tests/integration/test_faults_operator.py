@@ -327,6 +327,47 @@ def test_a_job_that_finishes_before_its_run_is_recorded_is_still_ingested(
         proxy.stop()
 
 
+def test_a_deployment_that_settles_before_its_rollout_is_recorded_is_still_seen(
+    cluster: Any, api: Any, namespace: str, tmp_path: Path
+) -> None:
+    """The Deployment's counterpart of the test above: every status write that records the
+    live config is throttled until the serving Deployment is available, so its events all come
+    while the status does not name the config (and are ignored), and a settled Deployment sends
+    no more. The timer reads an unsettled rollout's Deployment back and records it."""
+    name = "settled"
+    status = rf"/namespaces/{namespace}/{PLURAL}/{name}/status$"
+    held = Fault("PATCH", status, 429, times=10_000, retry_after="2", body='"live"')
+    proxy = FaultProxy(cluster.server, cluster.ca_cert, [held]).start()
+    op = operator_for(cluster, api, namespace, tmp_path, server=proxy.url).start()
+    try:
+        apply(cluster, namespace, demo(name, hardware=HARDWARE), tmp_path)
+
+        def available() -> bool:
+            return any(
+                (d.status.available_replicas or 0) >= 1 for d in deployments(api, namespace, name)
+            )
+
+        wait_for(available, "the serving Deployment available", timeout=180, every=0.5)
+        assert not (isvc(api, namespace, name).get("status") or {}).get("live")
+        assert held.injected  # the operator did try to record the rollout
+        held.times = len(held.injected)  # status writes go through again
+        with explained(op, api, namespace):
+            wait_for(
+                lambda: condition(isvc(api, namespace, name), "RolledOut").get("status") == "True",
+                "the settled Deployment recorded without a further event",
+                timeout=150,
+                every=1.0,
+            )
+        obj = isvc(api, namespace, name)
+        assert condition(obj, "Tuned")["status"] == "True"
+        assert condition(obj, "Ready")["status"] == "True"
+        assert len(deployments(api, namespace, name)) == 1
+        assert "settled without its state recorded" in op.log()
+    finally:
+        op.stop()
+        proxy.stop()
+
+
 def _client_loop(url: str, stop: threading.Event, sent: list[int], errors: list[str]) -> None:
     """One client, back to back: 16-token answers keep each request inside the engine long
     enough that every client has one in flight when it freezes, a share of the window well

@@ -32,8 +32,8 @@ from infertune.operator.summary import Summary, parse_summary
 from infertune.tuner.api import TuningSpec
 
 USER_REASONS = ("Created", "SpecChanged")
-# How often a pending run's Job is read back by the timer (see resync_pending_run).
-JOB_RESYNC_S = 30.0
+# How often an unsettled child is read back by the timer (see resync_children).
+CHILD_RESYNC_S = 30.0
 
 
 async def invalid_spec(err: InvalidSpecError) -> None:
@@ -201,32 +201,46 @@ async def ingest_job(
     await commit(ctx)
 
 
-async def resync_pending_run(
+async def resync_children(
     rt: Runtime, body: Any, pods: list[dict[str, Any]], nodes: dict[str, str | None]
 ) -> bool:
-    """Level-triggered backstop for the Job watch: ingest the recorded run's Job if it finished.
+    """Level-triggered backstop for the Job and Deployment watches (called by the timer).
 
-    The Job event is the fast path, but it can come too early to count: a Job that finishes
-    while the handler that created it is still retrying its status write (409, 429, an API
-    server restart) is seen before the status names it, so ingest_job ignores it, and a finished
-    Job sends no further events. Checked at most every JOB_RESYNC_S per object, and only while
-    a run is pending, so an idle fleet costs no reads. True when a result was ingested."""
-    run = (body.get("status") or {}).get("tuning") or {}
-    job_name = run.get("job")
-    if not job_name or run.get("finishedAt"):
+    The watch events are the fast path, but one can come too early to count: a Job that
+    finishes, or a Deployment that becomes available, while the handler that created it is
+    still retrying its status write (409, 429, an API server restart) is seen before the status
+    names it and is ignored, and a finished Job or a settled Deployment sends no further
+    events. So while a run is pending or a rollout unsettled, the child is read back at most
+    every CHILD_RESYNC_S per object (an idle, settled fleet costs no reads) and, if it has
+    settled, handled as its event would have been. True when something was handled."""
+    status = body.get("status") or {}
+    run = status.get("tuning") or {}
+    job_name = run.get("job") if not run.get("finishedAt") else None
+    rolled = next((c for c in status.get("conditions") or [] if c.get("type") == "RolledOut"), None)
+    rolling = bool(status.get("live")) and (rolled is None or rolled.get("status") == "Unknown")
+    if not job_name and not rolling:
         return False
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     now = time.monotonic()
-    if now - rt.job_resynced.get(key, float("-inf")) < JOB_RESYNC_S:
+    if now - rt.children_resynced.get(key, float("-inf")) < CHILD_RESYNC_S:
         return False
-    rt.job_resynced[key] = now
-    job = await rt.kube.get("Job", meta["namespace"], job_name)
-    if job is None or _job_finished(job) is None:
-        return False
-    log.info("%s/%s: Job %s finished without its result ingested; ingesting now", *key, job_name)
-    await ingest_job(rt, job, pods, nodes)
-    return True
+    rt.children_resynced[key] = now
+    if job_name:
+        job = await rt.kube.get("Job", meta["namespace"], job_name)
+        if job is not None and _job_finished(job) is not None:
+            log.info(
+                "%s/%s: Job %s finished without its result ingested; ingesting now", *key, job_name
+            )
+            await ingest_job(rt, job, pods, nodes)
+            return True
+    if rolling:
+        dep = await rt.kube.get("Deployment", meta["namespace"], meta["name"])  # the stable one
+        if dep is not None and _deployment_state(dep)[0] != "Unknown":
+            log.info("%s/%s: Deployment settled without its state recorded; recording", *key)
+            await on_deployment(rt, dep)
+            return True
+    return False
 
 
 async def _ingest_summary(

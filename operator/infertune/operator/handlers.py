@@ -194,7 +194,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         key = _key(body, owner_label=False)
         pods, nodes = _values(kw.get("infertune_pods"), key), _nodes(kw.get("infertune_nodes"))
         async with rt.lock(key):
-            if await flows.resync_pending_run(rt, body, pods, nodes):
+            if await flows.resync_children(rt, body, pods, nodes):
                 return  # the body is stale now; the next tick checks from fresh state
             await checking.check(rt, body, pods, nodes)
 

@@ -30,7 +30,7 @@ class Runtime:
         default_factory=dict
     )  # last PromQL failure, logged once
     locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
-    job_resynced: dict[Key, float] = field(default_factory=dict)  # last pending-Job read-back
+    children_resynced: dict[Key, float] = field(default_factory=dict)  # see resync_children
     # kopf indices (set by the handlers on each call): pods and nodes seen through watches.
     pods: Any = None
     nodes: Any = None
@@ -53,7 +53,7 @@ class Runtime:
             self.traffic_seen,
             self.prometheus_down,
             self.locks,
-            self.job_resynced,
+            self.children_resynced,
         ):
             table.pop(key, None)  # type: ignore[attr-defined]
         self.metrics.forget(*key)
