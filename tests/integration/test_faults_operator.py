@@ -368,6 +368,36 @@ def test_a_deployment_that_settles_before_its_rollout_is_recorded_is_still_seen(
         proxy.stop()
 
 
+def test_a_tuning_job_deleted_mid_run_is_reported_not_left_tuning(
+    cluster: Any, api: Any, namespace: str, gate: Path, operator: OperatorProcess
+) -> None:
+    """An SRE deletes a running tuning Job (to stop it, or by a cleanup script): the object
+    says so (Tuned=False, TuningJobLost, a Warning event) instead of showing Tuning for ever."""
+    name = "orphan"
+    apply(cluster, namespace, demo(name, hardware=HARDWARE), gate.parent)
+    job = wait_for(lambda: jobs(api, namespace, name), "tuning Job", timeout=60)[0]
+    client.BatchV1Api(api).delete_namespaced_job(
+        job.metadata.name, namespace, propagation_policy="Background"
+    )
+
+    def lost() -> dict[str, Any] | None:
+        o = isvc(api, namespace, name)
+        return o if condition(o, "Tuned").get("reason") == "TuningJobLost" else None
+
+    with explained(operator, api, namespace):
+        obj = wait_for(lost, "the lost Job reported", timeout=90, every=1.0)
+    tuned = condition(obj, "Tuned")
+    assert tuned["status"] == "False"
+    assert f"tuning Job {job.metadata.name} was deleted before it finished" in tuned["message"]
+    assert obj["status"]["tuning"]["finishedAt"]
+    events = client.CoreV1Api(api).list_namespaced_event(
+        namespace, field_selector=f"involvedObject.name={name}"
+    )
+    assert any(e.reason == "TuningJobLost" and e.type == "Warning" for e in events.items)
+    assert not jobs(api, namespace, name)  # nothing recreated it behind the user's back
+    release(gate)
+
+
 def _client_loop(url: str, stop: threading.Event, sent: list[int], errors: list[str]) -> None:
     """One client, back to back: 16-token answers keep each request inside the engine long
     enough that every client has one in flight when it freezes, a share of the window well

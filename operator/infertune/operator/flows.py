@@ -228,7 +228,9 @@ async def resync_children(
     rt.children_resynced[key] = now
     if job_name:
         job = await rt.kube.get("Job", meta["namespace"], job_name)
-        if job is not None and _job_finished(job) is not None:
+        if job is None:
+            return await _job_lost(rt, meta["namespace"], meta["name"], job_name)
+        if _job_finished(job) is not None:
             log.info(
                 "%s/%s: Job %s finished without its result ingested; ingesting now", *key, job_name
             )
@@ -241,6 +243,39 @@ async def resync_children(
             await on_deployment(rt, dep)
             return True
     return False
+
+
+async def _job_lost(rt: Runtime, namespace: str, name: str, job_name: str) -> bool:
+    """The pending run's Job is gone before it finished (deleted by hand, or by a cleanup): say
+    so instead of showing Tuning for ever. Read fresh first: the timer's body may predate a newer
+    run (whose start deleted this Job on purpose); a run's Job is created before the status
+    names it, so a Job missing while the fresh status names it was deleted."""
+    body = await rt.kube.get("InferenceService", namespace, name)
+    if body is None:
+        return False
+    try:
+        ctx = load(rt, body)
+    except InvalidSpecError:
+        return False
+    run = ctx.status.tuning
+    if run is None or run.job != job_name or run.finished_at is not None:
+        return False
+    if await rt.kube.get("Job", namespace, job_name) is not None:
+        return False
+    why = (
+        f"tuning Job {job_name} was deleted before it finished; "
+        "change the spec (or delete and re-apply the object) to start a new run"
+    )
+    log.warning("%s/%s: %s", namespace, name, why)
+    run.finished_at = ctx.now
+    ctx.condition("Tuned", "False", "TuningJobLost", why)
+    if ctx.status.profile is None:
+        ctx.condition("Profiled", "False", "TuningJobLost", why)
+    ctx.history("TuningFailed", run.reason or "", why)
+    ctx.event("Warning", "TuningJobLost", why)
+    rt.metrics.tuning_runs.labels(run.reason or "", "lost").inc()
+    await commit(ctx)
+    return True
 
 
 async def _ingest_summary(
