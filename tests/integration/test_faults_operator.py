@@ -7,6 +7,7 @@ Every fault here, what it proves and why is listed in docs/reliability.md."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -282,6 +283,47 @@ def test_conflicts_and_throttling_are_retried_with_backoff(
         proxy.stop()
 
 
+@contextlib.contextmanager
+def held_status_writes(
+    cluster: Any, api: Any, namespace: str, tmp_path: Path, name: str, body: str | None = None
+) -> Iterator[tuple[OperatorProcess, Fault]]:
+    """An operator behind a fault proxy that throttles (429) every status write of `name`, or
+    only those whose body matches `body`, until the test lets them through."""
+    status = rf"/namespaces/{namespace}/{PLURAL}/{name}/status$"
+    held = Fault("PATCH", status, 429, times=10_000, retry_after="2", body=body)
+    proxy = FaultProxy(cluster.server, cluster.ca_cert, [held]).start()
+    op = operator_for(cluster, api, namespace, tmp_path, server=proxy.url).start()
+    try:
+        yield op, held
+    finally:
+        op.stop()
+        proxy.stop()
+
+
+def let_through_then_converge(
+    op: OperatorProcess,
+    api: Any,
+    namespace: str,
+    name: str,
+    held: Fault,
+    condition_type: str,
+    timeout: float,
+) -> dict[str, Any]:
+    """Let the held status writes through and wait for `condition_type` to become True. The
+    child settled while they were held and sends no more events, so only the timer's read-back
+    can get it there."""
+    assert held.injected  # the operator did try to write the status
+    held.times = len(held.injected)
+    with explained(op, api, namespace):
+        wait_for(
+            lambda: condition(isvc(api, namespace, name), condition_type).get("status") == "True",
+            f"{condition_type}=True without a further event from the settled child",
+            timeout=timeout,
+            every=1.0,
+        )
+    return isvc(api, namespace, name)
+
+
 def test_a_job_that_finishes_before_its_run_is_recorded_is_still_ingested(
     cluster: Any, api: Any, namespace: str, tmp_path: Path
 ) -> None:
@@ -291,11 +333,7 @@ def test_a_job_that_finishes_before_its_run_is_recorded_is_still_ingested(
     failure of stop 14/15 was this race after an API server restart. The keep-checking timer
     reads a pending run's Job back and ingests it."""
     name = "early"
-    status = rf"/namespaces/{namespace}/{PLURAL}/{name}/status$"
-    throttled = Fault("PATCH", status, 429, times=10_000, retry_after="2")
-    proxy = FaultProxy(cluster.server, cluster.ca_cert, [throttled]).start()
-    op = operator_for(cluster, api, namespace, tmp_path, server=proxy.url).start()
-    try:
+    with held_status_writes(cluster, api, namespace, tmp_path, name) as (op, held):
         apply(cluster, namespace, demo(name, hardware=HARDWARE), tmp_path)
 
         def finished() -> bool:
@@ -307,24 +345,11 @@ def test_a_job_that_finishes_before_its_run_is_recorded_is_still_ingested(
 
         wait_for(finished, "the tuning Job completed", timeout=120, every=0.5)
         assert not (isvc(api, namespace, name).get("status") or {}).get("tuning")
-        assert throttled.injected  # the operator did try to record the run
-        throttled.times = len(throttled.injected)  # the API server lets status writes in again
-        time.sleep(8)  # past any Job event the operator got: none is still in flight
-        with explained(op, api, namespace):
-            wait_for(
-                lambda: condition(isvc(api, namespace, name), "Tuned").get("status") == "True",
-                "the finished Job ingested without a further Job event",
-                timeout=90,
-                every=1.0,
-            )
-        obj = isvc(api, namespace, name)
+        obj = let_through_then_converge(op, api, namespace, name, held, "Tuned", timeout=90)
         assert obj["status"]["tuning"]["finishedAt"]
         assert obj["status"]["tuning"]["job"] == jobs(api, namespace, name)[0].metadata.name
         assert len(jobs(api, namespace, name)) == 1
         assert "finished without its result ingested" in op.log()
-    finally:
-        op.stop()
-        proxy.stop()
 
 
 def test_a_deployment_that_settles_before_its_rollout_is_recorded_is_still_seen(
@@ -335,11 +360,7 @@ def test_a_deployment_that_settles_before_its_rollout_is_recorded_is_still_seen(
     while the status does not name the config (and are ignored), and a settled Deployment sends
     no more. The timer reads an unsettled rollout's Deployment back and records it."""
     name = "settled"
-    status = rf"/namespaces/{namespace}/{PLURAL}/{name}/status$"
-    held = Fault("PATCH", status, 429, times=10_000, retry_after="2", body='"live"')
-    proxy = FaultProxy(cluster.server, cluster.ca_cert, [held]).start()
-    op = operator_for(cluster, api, namespace, tmp_path, server=proxy.url).start()
-    try:
+    with held_status_writes(cluster, api, namespace, tmp_path, name, body='"live"') as (op, held):
         apply(cluster, namespace, demo(name, hardware=HARDWARE), tmp_path)
 
         def available() -> bool:
@@ -349,23 +370,11 @@ def test_a_deployment_that_settles_before_its_rollout_is_recorded_is_still_seen(
 
         wait_for(available, "the serving Deployment available", timeout=180, every=0.5)
         assert not (isvc(api, namespace, name).get("status") or {}).get("live")
-        assert held.injected  # the operator did try to record the rollout
-        held.times = len(held.injected)  # status writes go through again
-        with explained(op, api, namespace):
-            wait_for(
-                lambda: condition(isvc(api, namespace, name), "RolledOut").get("status") == "True",
-                "the settled Deployment recorded without a further event",
-                timeout=150,
-                every=1.0,
-            )
-        obj = isvc(api, namespace, name)
+        obj = let_through_then_converge(op, api, namespace, name, held, "RolledOut", timeout=150)
         assert condition(obj, "Tuned")["status"] == "True"
         assert condition(obj, "Ready")["status"] == "True"
         assert len(deployments(api, namespace, name)) == 1
         assert "settled without its state recorded" in op.log()
-    finally:
-        op.stop()
-        proxy.stop()
 
 
 def test_a_tuning_job_deleted_mid_run_is_reported_not_left_tuning(
