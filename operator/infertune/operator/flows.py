@@ -22,7 +22,7 @@ from infertune.operator.builders.common import ANN_CONFIG
 from infertune.operator.builders.deployment import deployment_name
 from infertune.operator.builders.job import pod_tuning_spec
 from infertune.operator.conditions import get_condition, parse_iso
-from infertune.operator.context import Ctx, InvalidSpecError, commit, load, log
+from infertune.operator.context import Ctx, InvalidSpecError, commit, load, load_status, log
 from infertune.operator.drift import beats_live
 from infertune.operator.hashing import config_hash, digest, run_hash, tuning_hash
 from infertune.operator.pods import pod_summary
@@ -186,11 +186,7 @@ async def ingest_job(
         )
         if outcome == "Failed" and isinstance(summary, str):
             why = f"Job {meta['name']} failed: {why}"
-        ctx.condition("Tuned", "False", "TuningFailed", why)
-        if ctx.status.profile is None:
-            ctx.condition("Profiled", "False", "TuningFailed", why)
-        ctx.history("TuningFailed", run.reason or "", why)
-        ctx.event("Warning", "TuningFailed", why)
+        _run_failed(ctx, "TuningFailed", why)
         result = "failed"
     else:
         result = summary.status
@@ -199,6 +195,16 @@ async def ingest_job(
     if duration is not None:
         rt.metrics.tuning_duration.labels(result).observe(duration)
     await commit(ctx)
+
+
+def _run_failed(ctx: Ctx, reason: str, why: str) -> None:
+    """A run ended without a result: Tuned (and Profiled, if never profiled) False, history, event."""
+    run = ctx.status.tuning
+    ctx.condition("Tuned", "False", reason, why)
+    if ctx.status.profile is None:
+        ctx.condition("Profiled", "False", reason, why)
+    ctx.history("TuningFailed", (run.reason if run else None) or "", why)
+    ctx.event("Warning", reason, why)
 
 
 async def resync_children(
@@ -213,11 +219,11 @@ async def resync_children(
     events. So while a run is pending or a rollout unsettled, the child is read back at most
     every CHILD_RESYNC_S per object (an idle, settled fleet costs no reads) and, if it has
     settled, handled as its event would have been. True when something was handled."""
-    status = body.get("status") or {}
-    run = status.get("tuning") or {}
-    job_name = run.get("job") if not run.get("finishedAt") else None
-    rolled = next((c for c in status.get("conditions") or [] if c.get("type") == "RolledOut"), None)
-    rolling = bool(status.get("live")) and (rolled is None or rolled.get("status") == "Unknown")
+    status = load_status(body.get("status"))
+    run = status.tuning
+    job_name = run.job if run is not None and run.finished_at is None else None
+    rolled = get_condition(status.conditions, "RolledOut")
+    rolling = status.live is not None and (rolled is None or rolled.status == "Unknown")
     if not job_name and not rolling:
         return False
     meta = body["metadata"]
@@ -268,11 +274,7 @@ async def _job_lost(rt: Runtime, namespace: str, name: str, job_name: str) -> bo
     )
     log.warning("%s/%s: %s", namespace, name, why)
     run.finished_at = ctx.now
-    ctx.condition("Tuned", "False", "TuningJobLost", why)
-    if ctx.status.profile is None:
-        ctx.condition("Profiled", "False", "TuningJobLost", why)
-    ctx.history("TuningFailed", run.reason or "", why)
-    ctx.event("Warning", "TuningJobLost", why)
+    _run_failed(ctx, "TuningJobLost", why)
     rt.metrics.tuning_runs.labels(run.reason or "", "lost").inc()
     await commit(ctx)
     return True
