@@ -53,10 +53,10 @@ def _sustained(res: LoadResult, baseline_ms: float) -> tuple[bool, str]:
     if res.failed:
         return False, f"{res.failed} failed"
     if p50 - baseline_ms >= ADDED_TTFT_LIMIT_MS:
-        return False, f"p50 TTFT +{p50 - baseline_ms:.2f} ms"
+        return False, f"p50 TTFT {p50 - baseline_ms:+.2f} ms"
     if sat.saturated:
         return False, "; ".join(sat.reasons)
-    return True, f"p50 TTFT +{p50 - baseline_ms:.2f} ms"
+    return True, f"p50 TTFT {p50 - baseline_ms:+.2f} ms"
 
 
 def search(url: str, factory: Any, label: str, log: Callable[[str], None]) -> list[dict[str, Any]]:

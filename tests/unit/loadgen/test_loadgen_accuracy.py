@@ -49,8 +49,9 @@ def pinned(cpus: set[int]) -> Iterator[None]:
 
 
 def test_percentiles_match_the_script_at_100_streams(scripted_server: ServerFactory) -> None:
-    # Server and generator each on a core of their own, both ahead of ordinary work: in CI the
-    # generator shared a core with leftovers of earlier tests and was 6 ms late at p99 once.
+    # Server and generator each on a core of their own, both ahead of ordinary work. The server's
+    # record starts each request at its kernel arrival time: stamped when the busy server got to
+    # it, requests looked 4-10 ms slower at p99 to the generator than to the server (CI failed so).
     cores = sorted(os.sched_getaffinity(0))
     server_cpu = cores[-1] if len(cores) > 1 else None
     url = scripted_server(TTFT_MS, ITL_MS, cpu=server_cpu)
@@ -87,9 +88,8 @@ def test_percentiles_match_the_script_at_100_streams(scripted_server: ServerFact
             assert got == pytest.approx(emitted, abs=tol), f"{metric} {pct} vs server record"
             # The harness itself: the server kept to its script, so the record above is the
             # script's timing plus a small lateness. 100 streams started together stay in step and
-            # up to 100 writes fall due at once, so the server runs ~1 ms late at p50 and 5-7 ms
-            # at p99 here (measured); that is the server's lateness, not the generator's error.
-            if pct == "p50":
-                assert emitted == pytest.approx(want, abs=5.0), f"{metric} {pct}: server vs script"
+            # up to 100 writes fall due at once, so the server runs ~0.5 ms late at p50 and
+            # 1-1.5 ms at p99 here (measured); that is the server's lateness, not the generator's.
+            assert emitted == pytest.approx(want, abs=tol), f"{metric} {pct}: server vs script"
     # TPOT = (e2e - TTFT) / (n - 1): with a constant scripted gap it is that gap.
     assert result.tpot.p50 == pytest.approx(30.0, abs=2.0)

@@ -1,8 +1,8 @@
 """An OpenAI-compatible streaming server whose tokens leave at scripted times: the ground truth.
 
-Request i (in arrival order) gets its first token `ttft[i % len(ttft)]` ms after the server read it
-and each further token `itl[i % len(itl)]` ms after the previous one, scheduled on absolute times so
-that delays do not accumulate. With zero delays it is the zero-latency server of the generator's
+Request i (in arrival order) gets its first token `ttft[i % len(ttft)]` ms after it arrived (the
+kernel's receive time, see stamped_socket.py) and each further token `itl[i % len(itl)]` ms after
+the previous one, scheduled on absolute times so that delays do not accumulate. With zero delays it is the zero-latency server of the generator's
 own benchmark. The `model` field selects a fault instead of tokens:
 
 - `fail-500`, `fail-503`: that HTTP status with a JSON error body;
@@ -22,14 +22,15 @@ import contextlib
 import gc
 import json
 import os
-import socket
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
+
+from infertune.tuner.loadgen.stamped_socket import StampedServer, StampedTransport, serve_stamped
 
 _CRLF = b"\r\n"
 
@@ -66,7 +67,7 @@ class ScriptedServer:
         self.slots = slots
         self.active = 0
         self.waiting: deque[Callable[[], None]] = deque()
-        # Ground truth as it happened: (request read, [token write times]) on perf_counter's clock,
+        # Ground truth as it happened: (request arrived, [token write times]) on perf_counter's clock,
         # which is CLOCK_MONOTONIC and so shared with the client process.
         self.log: list[tuple[float, list[float]]] = []
 
@@ -83,7 +84,7 @@ class ScriptedServer:
 
 @dataclass(slots=True)
 class _Stream:
-    start: float  # perf_counter when the request was read
+    start: float  # perf_counter when the request arrived (or left the queue, with slots)
     ttft: float
     itl: float
     n: int
@@ -95,21 +96,20 @@ class _Stream:
     emits: list[float] = field(default_factory=list)
 
 
-class _Handler(asyncio.Protocol):
+class _Handler:
     def __init__(self, server: ScriptedServer) -> None:
         self.server = server
         self.buf = b""
-        self.transport: asyncio.Transport | None = None
+        self.arrived = 0.0  # when the kernel received the latest bytes of `buf`
+        self.transport: StampedTransport | None = None
         self.busy = False
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def connection_made(self, transport: StampedTransport) -> None:
+        self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    def data_received(self, data: bytes, arrived: float) -> None:
         self.buf += data
+        self.arrived = arrived  # clients do not pipeline: the latest bytes end the next request
         self._next()
 
     def _next(self) -> None:
@@ -177,7 +177,9 @@ class _Handler(asyncio.Protocol):
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
             b"Transfer-Encoding: chunked\r\n\r\n"
         )
-        read = time.perf_counter()
+        # The script runs from the request's arrival, not from when this loop got to it: a busy
+        # server reads late, and the client's clock started at the send (stamped_socket.py).
+        read = self.arrived
         stream = _Stream(
             start=read,
             ttft=srv.ttft[i % len(srv.ttft)],
@@ -190,13 +192,14 @@ class _Handler(asyncio.Protocol):
         )
         srv.log.append((read, stream.emits))
         if srv.slots is not None and srv.active >= srv.slots:
-            srv.waiting.append(lambda: self._begin(stream))
+            srv.waiting.append(lambda: self._begin(stream, queued=True))
         else:
-            self._begin(stream)
+            self._begin(stream, queued=False)
 
-    def _begin(self, stream: _Stream) -> None:
+    def _begin(self, stream: _Stream, *, queued: bool) -> None:
         self.server.active += 1
-        stream.start = time.perf_counter()  # the script runs from when a slot is free
+        if queued:
+            stream.start = time.perf_counter()  # a queued request's script runs from its slot
         self._arm(stream)
 
     def _release(self) -> None:
@@ -255,11 +258,8 @@ class _Handler(asyncio.Protocol):
         self._next()
 
 
-async def serve(
-    server: ScriptedServer, host: str = "127.0.0.1", port: int = 0
-) -> asyncio.AbstractServer:
-    loop = asyncio.get_running_loop()
-    return await loop.create_server(lambda: _Handler(server), host, port, backlog=4096)
+async def serve(server: ScriptedServer, host: str = "127.0.0.1", port: int = 0) -> StampedServer:
+    return await serve_stamped(lambda: _Handler(server), host, port)
 
 
 def boost_priority() -> bool:
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
     async def run() -> None:
         srv = await serve(scripted, port=args.port)
-        port = srv.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        port = srv.sockets[0].getsockname()[1]
         print(f"PORT {port}", flush=True)
         # Exit when the parent closes our stdin: no orphaned servers after a crashed test.
         loop = asyncio.get_running_loop()
