@@ -1,4 +1,5 @@
-"""The scripted server's ground truth: a request is stamped when it arrived, not when it was read."""
+"""Reads stamped by the kernel: a request (server side) or a token (the generator) is timed by when
+it arrived, not by when a busy process got round to reading it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import socket
 import time
 
 import pytest
+from loadgen_helpers import ServerFactory
 
+from infertune.tuner.loadgen.client import Client, RequestRecord
+from infertune.tuner.loadgen.endpoint import Endpoint, encode_request
 from infertune.tuner.loadgen.stamped_socket import StampedTransport, serve_stamped
 
 BUSY_S = 0.08
@@ -20,6 +24,9 @@ class _Recorder:
 
     def connection_made(self, transport: StampedTransport) -> None:
         self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass
 
     def data_received(self, data: bytes, arrived: float) -> None:
         self.got.put_nowait((data, arrived, time.perf_counter()))
@@ -52,3 +59,36 @@ def test_a_request_landing_while_the_server_is_busy_is_stamped_at_arrival() -> N
     # ...but stamped when it arrived: the kernel's timestamp, on the same clock as the client's.
     assert sent <= arrived + 1e-4
     assert arrived - sent == pytest.approx(0.0, abs=0.005)
+
+
+@pytest.mark.parametrize("kernel_timestamps", [True, False])
+def test_the_generator_times_a_token_by_arrival_while_its_own_loop_is_busy(
+    scripted_server: ServerFactory, kernel_timestamps: bool
+) -> None:
+    """TTFT 40 ms, then a token every 200 ms, scripted; the generator's loop stalls for 150 ms (a
+    CPU hog, a GC pause) while the first token arrives. Kernel stamps still see 40 ms; read-time
+    stamps count the stall as server latency."""
+    endpoint = Endpoint.parse(scripted_server([40.0], [200.0]))
+    body = {"model": "scripted", "prompt": "a b c", "max_tokens": 3, "stream": True}
+
+    async def scenario() -> RequestRecord:
+        client = Client(endpoint, kernel_timestamps=kernel_timestamps)
+        record = RequestRecord(index=0, prompt_len=3, max_tokens=3)
+        try:
+            sending = asyncio.ensure_future(client.send(record, encode_request(endpoint, body)))
+            await asyncio.sleep(0.01)  # connected, request sent; no token before 40 ms
+            time.sleep(0.15)  # this process is busy while the first token arrives
+            return await sending
+        finally:
+            await client.close()
+
+    record = asyncio.run(scenario())
+    assert record.ok and record.chunks == 3, record.error
+    assert record.ttft is not None
+    ttft, gaps = record.ttft * 1e3, [gap * 1e3 for gap in record.itl]
+    if kernel_timestamps:
+        assert ttft == pytest.approx(40.0, abs=8.0)
+        assert gaps == pytest.approx([200.0, 200.0], abs=8.0)
+    else:  # read after the stall: the first token late, the next gap short by as much
+        assert ttft > 150.0
+        assert gaps[0] < 100.0

@@ -2,7 +2,9 @@
 
 Why not aiohttp: the generator must not be the bottleneck (>= 1,000 short streamed requests/s on one
 core) and must timestamp every chunk the moment it arrives. A protocol's `data_received` gives both:
-one clock read per socket read, no per-chunk coroutine hops, and keep-alive connections we reuse.
+one timestamp per socket read, no per-chunk coroutine hops, and keep-alive connections we reuse.
+Plain-HTTP connections read through stamped_socket.py, so that timestamp is the kernel's receive
+time (when the bytes reached this host), not when this busy process got round to them.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from infertune.tuner.loadgen.endpoint import Endpoint
+from infertune.tuner.loadgen.stamped_socket import StampedTransport, open_stamped
 
 _MAX_HEADER_BYTES = 65_536
 _ERROR_BODY_BYTES = 300
@@ -311,7 +314,7 @@ class _Connection(asyncio.Protocol):
             return False
         return self.idle_limit is None or now - self.idle_since < self.idle_limit - _IDLE_MARGIN_S
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport | StampedTransport) -> None:
         # Other event loops (uvloop) hand over transports that only look like asyncio's.
         self.transport = cast(asyncio.Transport, transport)
         sock = transport.get_extra_info("socket")
@@ -319,8 +322,9 @@ class _Connection(asyncio.Protocol):
             # Small request bodies must leave at once; Nagle would add up to 40 ms.
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def data_received(self, data: bytes) -> None:
-        now = time.perf_counter()
+    def data_received(self, data: bytes, arrived: float | None = None) -> None:
+        # `arrived` comes from a StampedTransport; asyncio's (TLS) transports give none.
+        now = time.perf_counter() if arrived is None else arrived
         if self.exchange is None:
             self.close()  # bytes nobody asked for: the connection's framing cannot be trusted
             return
@@ -350,8 +354,10 @@ class Client:
         timeout: float = 600.0,
         api_key: str | None = None,
         connect_timeout: float = 10.0,
+        kernel_timestamps: bool = True,
     ) -> None:
         self.endpoint = endpoint
+        self.kernel_timestamps = kernel_timestamps and not endpoint.tls
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.api_key = api_key
@@ -369,6 +375,10 @@ class Client:
             if conn.usable(now):
                 return conn, True
             conn.close()
+        if self.kernel_timestamps:
+            stamped = open_stamped(_Connection, self.endpoint.host, self.endpoint.port)
+            proto = cast(_Connection, await asyncio.wait_for(stamped, self.connect_timeout))
+            return proto, False
         _, proto = await asyncio.wait_for(
             loop.create_connection(
                 _Connection, self.endpoint.host, self.endpoint.port, ssl=self._ssl

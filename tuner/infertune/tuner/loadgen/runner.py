@@ -43,6 +43,9 @@ class Options:
     seed: int | None = 0
     progress_interval: float = 1.0
     extra_body: dict[str, Any] = field(default_factory=dict)
+    # Time each chunk by when it reached this host (the kernel's receive stamp) rather than when
+    # the generator read it; False only to compare the two (benchmarks/bench_loadgen.py).
+    kernel_timestamps: bool = True
 
 
 async def resolve_model(endpoint: Endpoint) -> str:
@@ -245,7 +248,12 @@ async def run_load(
     tokenizer = load_tokenizer(tokenizer_dir) if tokenizer_dir is not None else None
     prompts = PromptFactory(tokenizer, seed=opts.seed)
     plan = _plan(endpoint, traffic, prompts, model, opts)
-    client = Client(endpoint, timeout=opts.timeout, api_key=opts.api_key)
+    client = Client(
+        endpoint,
+        timeout=opts.timeout,
+        api_key=opts.api_key,
+        kernel_timestamps=opts.kernel_timestamps,
+    )
     try:
         await _warm_up(client, plan, traffic)
         run = _Run(client, plan, traffic, slo, prompts.exact)

@@ -107,6 +107,9 @@ class _Handler:
     def connection_made(self, transport: StampedTransport) -> None:
         self.transport = transport
 
+    def connection_lost(self, exc: Exception | None) -> None:
+        pass  # a stream's timers find the transport closing and stop writing
+
     def data_received(self, data: bytes, arrived: float) -> None:
         self.buf += data
         self.arrived = arrived  # clients do not pipeline: the latest bytes end the next request

@@ -1,4 +1,7 @@
-"""A TCP server whose reads carry the kernel's arrival time: ground truth for "when did it arrive".
+"""TCP connections whose reads carry the kernel's arrival time: "when did it arrive", not "when
+did a busy process get round to reading it".
+
+Both ends of the load generator's measurements use it. The scripted server (ground truth):
 
 The scripted server's record is the reference the load generator's accuracy is checked against,
 so it must say when a request *arrived*, not when a busy event loop got round to reading it. At
@@ -9,7 +12,14 @@ with recv() and drop the kernel's receive timestamp, so this reads with recvmsg(
 reader callbacks on the running loop and keeps it (SO_TIMESTAMPNS, Linux). Where the kernel gives
 no timestamp, a read is stamped when it is read.
 
-Loopback tooling only: one read buffer per callback, no TLS, no flow control beyond a write queue.
+The generator's plain-HTTP connections (client.py): a token's time is when it reached this host,
+so a generator that shares its core with other work (an engine's CPU threads in a tuning Job,
+another tenant) does not add its own scheduling delay to the server's TTFT and ITL. One limit:
+TCP hands over everything queued in one read, stamped with the arrival of its last byte, so
+tokens that pile up behind a long stall share that time (still never later than the read). TLS
+connections stay on asyncio's transports (the TLS layer reads the socket itself).
+
+No TLS, no flow control beyond a write queue; the protocol's connection_lost is called once.
 """
 
 from __future__ import annotations
@@ -34,6 +44,9 @@ class StampedProtocol(Protocol):
 
     def data_received(self, data: bytes, arrived: float) -> None:
         """`arrived`: when the kernel received the last of `data`, on `time.perf_counter`'s clock."""
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """The peer closed (None) or the socket failed; nothing more will be read or written."""
 
 
 def arrival_time(ancdata: list[tuple[int, int, bytes]], read_at: float) -> float:
@@ -73,11 +86,11 @@ class StampedTransport:
             data, ancdata, _, _ = self._sock.recvmsg(_READ, _ANCILLARY)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
-            self.abort()
+        except OSError as exc:
+            self._lost(exc)
             return
-        if not data:  # the client closed its side
-            self.abort()
+        if not data:  # the peer closed its side
+            self._lost(None)
             return
         self._protocol.data_received(data, arrival_time(ancdata, time.perf_counter()))
 
@@ -89,8 +102,8 @@ class StampedTransport:
                 sent = self._sock.send(data)
             except (BlockingIOError, InterruptedError):
                 sent = 0
-            except OSError:
-                self.abort()
+            except OSError as exc:
+                self._lost(exc)
                 return
             if sent == len(data):
                 return
@@ -103,12 +116,14 @@ class StampedTransport:
             sent = self._sock.send(self._pending)
         except (BlockingIOError, InterruptedError):
             return
-        except OSError:
-            self.abort()
+        except OSError as exc:
+            self._lost(exc)
             return
         del self._pending[:sent]
         if not self._pending:
             self._loop.remove_writer(self._fd)
+            if self._closing:  # close() waited for this
+                self._shut()
 
     def is_closing(self) -> bool:
         return self._closing
@@ -116,15 +131,32 @@ class StampedTransport:
     def get_extra_info(self, name: str) -> Any:
         return self._sock if name == "socket" else None
 
-    def abort(self) -> None:
-        """Drop the connection now, unsent bytes included (a server dying mid-stream)."""
+    def close(self) -> None:
+        """Stop reading; close once what was written has left (as asyncio's transports do)."""
         if self._closing:
             return
         self._closing = True
+        if not self._pending:
+            self._shut()
+        else:
+            self._loop.remove_reader(self._fd)
+
+    def abort(self) -> None:
+        """Drop the connection now, unsent bytes included (a server dying mid-stream)."""
+        self._closing = True
+        self._shut()
+
+    def _lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._shut(exc)
+
+    def _shut(self, exc: Exception | None = None) -> None:
+        if self._sock.fileno() < 0:
+            return  # already shut: connection_lost is said once
         self._loop.remove_reader(self._fd)
-        if self._pending:
-            self._loop.remove_writer(self._fd)
+        self._loop.remove_writer(self._fd)
         self._sock.close()
+        self._loop.call_soon(self._protocol.connection_lost, exc)
 
 
 class StampedServer:
@@ -170,3 +202,32 @@ async def serve_stamped(
     sock.listen(backlog)
     sock.setblocking(False)
     return StampedServer(asyncio.get_running_loop(), sock, factory)
+
+
+async def open_stamped(
+    factory: Callable[[], StampedProtocol], host: str, port: int
+) -> StampedProtocol:
+    """Connect to the first address of ``host`` that answers; the connected protocol.
+
+    Raises the last address's OSError (refused, unreachable) or socket.gaierror, as
+    ``loop.create_connection`` does for a single address.
+    """
+    loop = asyncio.get_running_loop()
+    infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    failure: OSError | None = None
+    for family, kind, proto, _, address in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setblocking(False)
+            await loop.sock_connect(sock, address)
+        except OSError as exc:
+            sock.close()
+            failure = exc
+            continue
+        except BaseException:  # cancelled (a connect timeout): no half-open socket left behind
+            sock.close()
+            raise
+        protocol = factory()
+        StampedTransport(loop, sock, protocol)
+        return protocol
+    raise failure or OSError(f"no address for {host}:{port}")

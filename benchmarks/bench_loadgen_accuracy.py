@@ -1,0 +1,128 @@
+"""How far the generator's latencies drift when it shares its core: kernel vs read-time stamps.
+
+The tuning Job runs the generator beside the engine, whose CPU threads compete for the same
+cores; `infertune bench` often runs on a busy host. A CPU hog shares the generator's core here
+(no priority boost), while a scripted server on the other core emits tokens at known times at
+100 concurrent streams and records when it wrote each one (the ground truth, same clock). The
+generator's error (its p50/p99 minus the server's record) is measured twice in one run: chunks
+timed by the kernel's receive stamp (the default) and by when the generator read them.
+
+    .venv/bin/python benchmarks/bench_loadgen_accuracy.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from infertune.tuner.api import TrafficProfile
+from infertune.tuner.loadgen import LoadResult, run_load_sync
+from infertune.tuner.loadgen.endpoint import Endpoint, fetch_json
+from infertune.tuner.loadgen.runner import Options
+from infertune.tuner.loadgen.scripted_server import start_process
+
+TTFT_MS = [20.0, 40.0, 60.0, 80.0, 100.0]
+ITL_MS = [20.0, 30.0, 40.0]
+WARMUP, N, OUT = 100, 1500, 16
+MODES = (("kernel stamps", True), ("read-time stamps", False))
+
+
+@contextlib.contextmanager
+def _hog(cpu: int) -> Iterator[None]:
+    """A busy loop pinned to `cpu` at ordinary priority, for the block."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]
+    )
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _errors(url: str, kernel_stamps: bool) -> dict[str, float]:
+    """p50/p99 of measured minus recorded TTFT and ITL (ms) for one run of N requests."""
+    before = len(asyncio.run(fetch_json(Endpoint.parse(url), "/scripted/log"))["log"])
+    traffic = TrafficProfile.model_validate(
+        {
+            "concurrency": 100,
+            "numRequests": N,
+            "warmupRequests": WARMUP,
+            "promptTokens": {"mean": 32},
+            "outputTokens": {"mean": OUT},
+        }
+    )
+    opts = Options(kernel_timestamps=kernel_stamps)
+    result: LoadResult = run_load_sync(url, traffic, model="scripted", options=opts)
+    assert result.completed == N and result.failed == 0
+    log = asyncio.run(fetch_json(Endpoint.parse(url), "/scripted/log"))["log"][before + WARMUP :]
+    recorded = {
+        "ttft": np.array([e[0] - rcv for rcv, e in log]) * 1e3,
+        "itl": np.array([b - a for _, e in log for a, b in itertools.pairwise(e)]) * 1e3,
+    }
+    out = {}
+    for metric, values in recorded.items():
+        for pct in ("p50", "p99"):
+            measured = getattr(getattr(result, metric), pct)
+            out[f"{metric}_{pct}"] = measured - float(np.percentile(values, float(pct[1:])))
+    return out
+
+
+def run(log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        log("needs two cores (server and generator apart); skipped")
+        return []
+    proc, port = start_process(TTFT_MS, ITL_MS, cpu=cpus[-1], boost=True)
+    url = f"http://127.0.0.1:{port}"
+    mine = os.sched_getaffinity(0)
+    found: dict[str, dict[str, float]] = {}
+    try:
+        os.sched_setaffinity(0, {cpus[0]})
+        with _hog(cpus[0]):
+            for label, kernel in MODES:
+                found[label] = _errors(url, kernel)
+                shown = ", ".join(f"{k} {v:+.2f}" for k, v in found[label].items())
+                log(f"[{label}] generator error vs the server's record (ms): {shown}")
+    finally:
+        os.sched_setaffinity(0, mine)
+        assert proc.stdin is not None
+        proc.stdin.close()
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=10)
+    rows: list[dict[str, Any]] = []
+    for key in ("ttft_p99", "itl_p99", "ttft_p50"):
+        for label, _ in MODES:
+            rows.append(
+                {
+                    "name": f"loadgen_accuracy.{key}_error[{label}]",
+                    "value": round(found[label][key], 2),
+                    "unit": "ms",
+                    "note": "measured minus server record; 100 streams, CPU hog on the "
+                    "generator's core",
+                }
+            )
+    kernel, read = (abs(found[label]["ttft_p99"]) for label, _ in MODES)
+    rows.append(
+        {
+            "name": "loadgen_accuracy.ttft_p99_error_read_vs_kernel",
+            "value": round(read / max(kernel, 0.01), 1),
+            "unit": "x",
+            "note": "read-time stamps' p99 TTFT error over the kernel stamps' (floor 0.01 ms), "
+            "same run",
+        }
+    )
+    return rows
+
+
+if __name__ == "__main__":
+    for row in run():
+        print(f"{row['name']:<55} {row['value']:>8} {row['unit']:<4} {row['note']}")
