@@ -12,7 +12,6 @@ generator's per-request cost. Run with the default asyncio loop and with uvloop,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import os
 import time
@@ -21,7 +20,7 @@ from typing import Any
 
 from infertune.tuner.api import TrafficProfile
 from infertune.tuner.loadgen import LoadResult, run_load
-from infertune.tuner.loadgen.scripted_server import boosted_priority, start_process
+from infertune.tuner.loadgen.scripted_server import boosted_priority, start_process, stop_process
 
 TARGET_RATE = 1000.0
 ADDED_TTFT_LIMIT_MS = 1.0
@@ -122,10 +121,7 @@ def run(log: Callable[[str], None] = print) -> list[dict[str, Any]]:
         return rows
     finally:
         os.sched_setaffinity(0, mine)
-        assert proc.stdin is not None
-        proc.stdin.close()
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=10)
+        stop_process(proc)
 
 
 def _has_uvloop() -> bool:

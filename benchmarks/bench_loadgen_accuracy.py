@@ -5,16 +5,15 @@ cores; `infertune bench` often runs on a busy host. A CPU hog shares the generat
 (no priority boost), while a scripted server on the other core emits tokens at known times at
 100 concurrent streams and records when it wrote each one (the ground truth, same clock). The
 generator's error (its p50/p99 minus the server's record) is measured twice in one run: chunks
-timed by the kernel's receive stamp (the default) and by when the generator read them.
+timed by the kernel's receive stamp (`--kernel-timestamps`) and by when the generator read them
+(the default, as peer tools do).
 
     .venv/bin/python benchmarks/bench_loadgen_accuracy.py
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import itertools
 import os
 import subprocess
 import sys
@@ -23,15 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from infertune.tuner.api import TrafficProfile
 from infertune.tuner.loadgen import LoadResult, run_load_sync
-from infertune.tuner.loadgen.endpoint import Endpoint, fetch_json
+from infertune.tuner.loadgen import ground_truth as truth
 from infertune.tuner.loadgen.runner import Options
-from infertune.tuner.loadgen.scripted_server import start_process
+from infertune.tuner.loadgen.scripted_server import start_process, stop_process
 
-TTFT_MS = [20.0, 40.0, 60.0, 80.0, 100.0]
-ITL_MS = [20.0, 30.0, 40.0]
-WARMUP, N, OUT = 100, 1500, 16
 MODES = (("kernel stamps", True), ("read-time stamps", False))
 
 
@@ -49,30 +44,19 @@ def _hog(cpu: int) -> Iterator[None]:
 
 
 def _errors(url: str, kernel_stamps: bool) -> dict[str, float]:
-    """p50/p99 of measured minus recorded TTFT and ITL (ms) for one run of N requests."""
-    before = len(asyncio.run(fetch_json(Endpoint.parse(url), "/scripted/log"))["log"])
-    traffic = TrafficProfile.model_validate(
-        {
-            "concurrency": 100,
-            "numRequests": N,
-            "warmupRequests": WARMUP,
-            "promptTokens": {"mean": 32},
-            "outputTokens": {"mean": OUT},
-        }
-    )
+    """p50/p99 of measured minus recorded TTFT and ITL (ms) for one run of the scenario."""
+    before = len(truth.server_log(url))
     opts = Options(kernel_timestamps=kernel_stamps)
-    result: LoadResult = run_load_sync(url, traffic, model="scripted", options=opts)
-    assert result.completed == N and result.failed == 0
-    log = asyncio.run(fetch_json(Endpoint.parse(url), "/scripted/log"))["log"][before + WARMUP :]
-    recorded = {
-        "ttft": np.array([e[0] - rcv for rcv, e in log]) * 1e3,
-        "itl": np.array([b - a for _, e in log for a, b in itertools.pairwise(e)]) * 1e3,
-    }
+    result: LoadResult = run_load_sync(url, truth.hundred_streams(), model="scripted", options=opts)
+    assert result.completed == truth.REQUESTS and result.failed == 0
+    recorded = truth.recorded_latencies(truth.server_log(url)[before + truth.WARMUP :])
     out = {}
-    for metric, values in recorded.items():
+    for metric in ("ttft", "itl"):
         for pct in ("p50", "p99"):
             measured = getattr(getattr(result, metric), pct)
-            out[f"{metric}_{pct}"] = measured - float(np.percentile(values, float(pct[1:])))
+            out[f"{metric}_{pct}"] = measured - float(
+                np.percentile(recorded[metric], float(pct[1:]))
+            )
     return out
 
 
@@ -81,23 +65,17 @@ def run(log: Callable[[str], None] = print) -> list[dict[str, Any]]:
     if len(cpus) < 2:
         log("needs two cores (server and generator apart); skipped")
         return []
-    proc, port = start_process(TTFT_MS, ITL_MS, cpu=cpus[-1], boost=True)
+    proc, port = start_process(truth.TTFT_MS, truth.ITL_MS, cpu=cpus[-1], boost=True)
     url = f"http://127.0.0.1:{port}"
-    mine = os.sched_getaffinity(0)
     found: dict[str, dict[str, float]] = {}
     try:
-        os.sched_setaffinity(0, {cpus[0]})
-        with _hog(cpus[0]):
+        with truth.pinned({cpus[0]}), _hog(cpus[0]):
             for label, kernel in MODES:
                 found[label] = _errors(url, kernel)
                 shown = ", ".join(f"{k} {v:+.2f}" for k, v in found[label].items())
                 log(f"[{label}] generator error vs the server's record (ms): {shown}")
     finally:
-        os.sched_setaffinity(0, mine)
-        assert proc.stdin is not None
-        proc.stdin.close()
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=10)
+        stop_process(proc)
     rows: list[dict[str, Any]] = []
     for key in ("ttft_p99", "itl_p99", "ttft_p50"):
         for label, _ in MODES:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from loadgen_helpers import ServerFactory
 
-from infertune.tuner.loadgen.scripted_server import start_process
+from infertune.tuner.loadgen.scripted_server import start_process, stop_process
 
 
 @pytest.fixture
@@ -39,12 +39,7 @@ def scripted_server() -> Iterator[ServerFactory]:
 
     yield start
     for proc in procs:
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=10)
-        except Exception:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 WORDS = [

@@ -6,24 +6,25 @@ Measured TTFT/ITL/e2e percentiles must match the server's own record of when it 
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from loadgen_helpers import ServerFactory, server_log
+from loadgen_helpers import ServerFactory
 
-from infertune.tuner.api import TrafficProfile
 from infertune.tuner.loadgen import run_load_sync
+from infertune.tuner.loadgen.ground_truth import (
+    ITL_MS,
+    OUTPUT_TOKENS,
+    REQUESTS,
+    TTFT_MS,
+    WARMUP,
+    hundred_streams,
+    pinned,
+    recorded_latencies,
+    server_log,
+)
 from infertune.tuner.loadgen.scripted_server import boosted_priority
-
-TTFT_MS = [20.0, 40.0, 60.0, 80.0, 100.0]
-ITL_MS = [20.0, 30.0, 40.0]
-OUT = 16
-WARMUP = 100
-N = 1500  # a multiple of 5 and 3: the measured requests cover the script evenly
 
 
 def _script(first: int, n: int) -> dict[str, np.ndarray]:
@@ -32,20 +33,9 @@ def _script(first: int, n: int) -> dict[str, np.ndarray]:
     itl = np.array(ITL_MS)[idx % len(ITL_MS)]
     return {
         "ttft": ttft,
-        "itl": np.repeat(itl, OUT - 1),
-        "e2e": ttft + (OUT - 1) * itl,
+        "itl": np.repeat(itl, OUTPUT_TOKENS - 1),
+        "e2e": ttft + (OUTPUT_TOKENS - 1) * itl,
     }
-
-
-@contextlib.contextmanager
-def pinned(cpus: set[int]) -> Iterator[None]:
-    """This thread on `cpus` for the block (the generator runs in the calling thread)."""
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, cpus)
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 def test_percentiles_match_the_script_at_100_streams(scripted_server: ServerFactory) -> None:
@@ -55,28 +45,14 @@ def test_percentiles_match_the_script_at_100_streams(scripted_server: ServerFact
     cores = sorted(os.sched_getaffinity(0))
     server_cpu = cores[-1] if len(cores) > 1 else None
     url = scripted_server(TTFT_MS, ITL_MS, cpu=server_cpu)
-    traffic = TrafficProfile.model_validate(
-        {
-            "concurrency": 100,
-            "numRequests": N,
-            "warmupRequests": WARMUP,
-            "promptTokens": {"mean": 32},
-            "outputTokens": {"mean": OUT},
-        }
-    )
     with pinned(set(cores[:-1] or cores)), boosted_priority():
-        result = run_load_sync(url, traffic, model="scripted")
-    assert result.completed == N and result.failed == 0
-    assert result.itl.count == N * (OUT - 1)
-    assert all(r.output_tokens == OUT for r in result.records)
+        result = run_load_sync(url, hundred_streams(), model="scripted")
+    assert result.completed == REQUESTS and result.failed == 0
+    assert result.itl.count == REQUESTS * (OUTPUT_TOKENS - 1)
+    assert all(r.output_tokens == OUTPUT_TOKENS for r in result.records)
 
-    script = _script(WARMUP, N)
-    log = server_log(url)[WARMUP:]
-    actual = {
-        "ttft": np.array([e[0] - rcv for rcv, e in log]) * 1e3,
-        "itl": np.array([b - a for _, e in log for a, b in itertools.pairwise(e)]) * 1e3,
-        "e2e": np.array([e[-1] - rcv for rcv, e in log]) * 1e3,
-    }
+    script = _script(WARMUP, REQUESTS)
+    actual = recorded_latencies(server_log(url)[WARMUP:])
     for metric in ("ttft", "itl", "e2e"):
         measured = getattr(result, metric)
         for pct, tol in (("p50", 2.0), ("p99", 5.0)):

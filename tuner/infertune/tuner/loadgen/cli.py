@@ -60,6 +60,15 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", dest="json_out", help="write the result as JSON here ('-': stdout)")
     p.add_argument("--records", action="store_true", help="include every request in the JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--kernel-timestamps",
+        action="store_true",
+        help=(
+            "time tokens by when the kernel received them, not when this process read them "
+            "(plain HTTP): for a busy host, where the generator's own lateness would count as "
+            "server latency; the default matches peer tools such as vllm bench serve"
+        ),
+    )
     return p
 
 
@@ -158,6 +167,7 @@ def bench_main(argv: list[str]) -> int:
         api_key=os.environ.get(args.api_key_env) or None,
         seed=args.seed,
         progress_interval=0.5,
+        kernel_timestamps=args.kernel_timestamps,
     )
     tokenizer = args.tokenizer or tokenizer
     show = not args.quiet and sys.stderr.isatty()

@@ -3,8 +3,9 @@
 Why not aiohttp: the generator must not be the bottleneck (>= 1,000 short streamed requests/s on one
 core) and must timestamp every chunk the moment it arrives. A protocol's `data_received` gives both:
 one timestamp per socket read, no per-chunk coroutine hops, and keep-alive connections we reuse.
-Plain-HTTP connections read through stamped_socket.py, so that timestamp is the kernel's receive
-time (when the bytes reached this host), not when this busy process got round to them.
+With `kernel_timestamps`, plain-HTTP connections read through stamped_socket.py, so that timestamp
+is the kernel's receive time (when the bytes reached this host), not when this busy process got
+round to them.
 """
 
 from __future__ import annotations
@@ -354,7 +355,7 @@ class Client:
         timeout: float = 600.0,
         api_key: str | None = None,
         connect_timeout: float = 10.0,
-        kernel_timestamps: bool = True,
+        kernel_timestamps: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.kernel_timestamps = kernel_timestamps and not endpoint.tls

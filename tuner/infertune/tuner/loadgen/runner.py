@@ -44,8 +44,10 @@ class Options:
     progress_interval: float = 1.0
     extra_body: dict[str, Any] = field(default_factory=dict)
     # Time each chunk by when it reached this host (the kernel's receive stamp) rather than when
-    # the generator read it; False only to compare the two (benchmarks/bench_loadgen.py).
-    kernel_timestamps: bool = True
+    # the generator read it. Off by default: peer tools (vllm bench serve) time on read, and on
+    # a starved host the two differ by the generator's own lateness (2-3 ms p50 beside a vLLM
+    # CPU engine here; benchmarks/bench_loadgen_accuracy.py).
+    kernel_timestamps: bool = False
 
 
 async def resolve_model(endpoint: Endpoint) -> str:

@@ -388,5 +388,15 @@ def start_process(
     return proc, int(line.split()[1])
 
 
+def stop_process(proc: Any) -> None:
+    """Stop a server from `start_process` (it exits when its stdin closes), killing it if stuck."""
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=10)
+    except Exception:
+        proc.kill()
+        proc.wait()
+
+
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -12,7 +12,8 @@ with recv() and drop the kernel's receive timestamp, so this reads with recvmsg(
 reader callbacks on the running loop and keeps it (SO_TIMESTAMPNS, Linux). Where the kernel gives
 no timestamp, a read is stamped when it is read.
 
-The generator's plain-HTTP connections (client.py): a token's time is when it reached this host,
+The generator's plain-HTTP connections, with `--kernel-timestamps` (client.py): a token's time
+is when it reached this host,
 so a generator that shares its core with other work (an engine's CPU threads in a tuning Job,
 another tenant) does not add its own scheduling delay to the server's TTFT and ITL. One limit:
 TCP hands over everything queued in one read, stamped with the arrival of its last byte, so
