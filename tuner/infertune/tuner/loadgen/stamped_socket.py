@@ -1,9 +1,9 @@
 """TCP connections whose reads carry the kernel's arrival time: "when did it arrive", not "when
 did a busy process get round to reading it".
 
-Both ends of the load generator's measurements use it. The scripted server (ground truth):
+Both ends of the load generator's measurements use it.
 
-The scripted server's record is the reference the load generator's accuracy is checked against,
+The scripted server (ground truth): its record is the reference the load generator's accuracy is checked against,
 so it must say when a request *arrived*, not when a busy event loop got round to reading it. At
 100 streams the server is often mid-burst (up to 100 token writes fall due together) when the
 next request lands; stamping the request after the burst moved the recorded TTFT start by 4-10 ms
@@ -13,8 +13,7 @@ reader callbacks on the running loop and keeps it (SO_TIMESTAMPNS, Linux). Where
 no timestamp, a read is stamped when it is read.
 
 The generator's plain-HTTP connections, with `--kernel-timestamps` (client.py): a token's time
-is when it reached this host,
-so a generator that shares its core with other work (an engine's CPU threads in a tuning Job,
+is when it reached this host, so a generator that shares its core with other work (an engine's CPU threads in a tuning Job,
 another tenant) does not add its own scheduling delay to the server's TTFT and ITL. One limit:
 TCP hands over everything queued in one read, stamped with the arrival of its last byte, so
 tokens that pile up behind a long stall share that time (still never later than the read). TLS
@@ -66,7 +65,7 @@ def arrival_time(ancdata: list[tuple[int, int, bytes]], read_at: float) -> float
 
 
 class StampedTransport:
-    """One accepted connection: the subset of asyncio.Transport the scripted server uses."""
+    """One connected socket: the subset of asyncio.Transport the scripted server and client use."""
 
     def __init__(
         self, loop: asyncio.AbstractEventLoop, sock: socket.socket, protocol: StampedProtocol
@@ -144,8 +143,7 @@ class StampedTransport:
 
     def abort(self) -> None:
         """Drop the connection now, unsent bytes included (a server dying mid-stream)."""
-        self._closing = True
-        self._shut()
+        self._lost(None)
 
     def _lost(self, exc: Exception | None) -> None:
         self._closing = True
