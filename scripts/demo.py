@@ -24,13 +24,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import yaml
-from demo_stack import INFERTUNE, ROOT, Stack, stop_group, wait_until
+from demo_stack import GROUP, INFERTUNE, PLURAL, ROOT, VERSION, Stack, stop_group, wait_until
 from kubernetes import client
 
 from infertune.engine.make_model import ensure_model
 
 DEMO = ROOT / "examples" / "demo.yaml"
-GROUP, VERSION, PLURAL = "infertune.dev", "v1alpha1", "inferenceservices"
 LABEL = "infertune.dev/inferenceservice"
 LONG_PROMPT = 1536  # tokens: ~2.4x the demo's tuned 256-1024, far beyond the 50% drift threshold
 T0 = time.monotonic()

@@ -35,6 +35,7 @@ CRD = ROOT / "crds" / "inferenceservices.infertune.dev.yaml"
 SYSTEM_NS = "infertune-system"
 OPERATOR_SA = "infertune-operator"
 SERVING_PORT = 8000
+GROUP, VERSION, PLURAL = "infertune.dev", "v1alpha1", "inferenceservices"
 
 
 def free_port() -> int:
@@ -154,8 +155,37 @@ class Stack:
         if self.cluster is not None:
             self.cluster.create_namespace(self.namespace)  # waits until pods may be created there
         else:
-            with contextlib.suppress(ApiException):
-                client.CoreV1Api(self.api).create_namespace({"metadata": {"name": self.namespace}})
+            self._create_namespace_on_existing()
+
+    def _create_namespace_on_existing(self) -> None:
+        """The demo namespace, after any earlier one of that name has finished terminating (the
+        Job controller may not create pods in a Terminating namespace)."""
+        core = client.CoreV1Api(self.api)
+
+        def gone_or_active() -> bool:
+            try:
+                ns = core.read_namespace(self.namespace)
+            except ApiException as e:
+                if e.status == 404:
+                    return True
+                raise
+            return bool(ns.status.phase != "Terminating")
+
+        if not gone_or_active():
+            self.say(
+                f"namespace {self.namespace} is still terminating from an earlier run: waiting"
+            )
+            try:
+                wait_until(gone_or_active, f"namespace {self.namespace} to finish terminating", 120)
+            except TimeoutError:
+                conditions = core.read_namespace(self.namespace).status.conditions or []
+                why = "; ".join(c.message for c in conditions if c.status == "True")
+                raise SystemExit(
+                    f"namespace {self.namespace} is stuck terminating ({why}); "
+                    f"use --namespace NAME, or clear what holds it"
+                ) from None
+        with contextlib.suppress(ApiException):  # 409: it exists and is active
+            core.create_namespace({"metadata": {"name": self.namespace}})
 
     def start_prometheus(self) -> str | None:
         if self.existing:
@@ -274,10 +304,17 @@ class Stack:
         return proc.stdout
 
     def url_for(self, pod: Any) -> str:
-        """Where the load generator reaches a serving pod: its loopback IP here; through
-        `kubectl port-forward` on an existing cluster, whose pod network this machine may not route."""
+        """Where the load generator reaches a serving pod: its IP where this machine routes the pod
+        network (always for the local cluster, whose pods are loopback processes; on an existing
+        cluster when run from a node or a bastion on it), else through `kubectl port-forward`."""
+        direct = f"http://{pod.status.pod_ip}:{SERVING_PORT}"
         if not self.existing:
-            return f"http://{pod.status.pod_ip}:{SERVING_PORT}"
+            return direct
+        with (
+            contextlib.suppress(OSError),
+            socket.create_connection((pod.status.pod_ip, SERVING_PORT), 2),
+        ):
+            return direct
         port = free_port()
         forward = subprocess.Popen(
             [os.environ.get("KUBECTL", "kubectl"), f"--kubeconfig={self.kubeconfig}", "-n", self.namespace,
@@ -318,17 +355,47 @@ class Stack:
         return found[-1] if found else None
 
     # ------------------------------------------------------------------ stop
+    def _isvcs(self) -> list[dict[str, Any]]:
+        custom = client.CustomObjectsApi(self.api)
+        items = custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL)
+        return list(items["items"])
+
+    def _delete_namespace_on_existing(self) -> None:
+        """Delete the demo namespace while the operator still runs: it must release its finalizer
+        on the InferenceServices, or the namespace stays Terminating on it for good."""
+        with contextlib.suppress(ApiException):  # 404: already gone
+            client.CoreV1Api(self.api).delete_namespace(self.namespace)
+        if self.operator is None or self.operator.poll() is not None:
+            return
+        with contextlib.suppress(TimeoutError):
+            wait_until(lambda: not self._isvcs(), "the operator to finalize the demo", 60, 0.5)
+
+    def _release_leftover_finalizers(self) -> None:
+        """InferenceServices still held by the operator's finalizer once it is stopped (it died,
+        or took too long): drop the finalizer so the namespace can go. Its children are owned
+        by the InferenceService, so the garbage collector removes them."""
+        custom = client.CustomObjectsApi(self.api)
+        for isvc in self._isvcs():
+            name = isvc["metadata"]["name"]
+            self.say(f"releasing the operator's finalizer on {self.namespace}/{name}")
+            custom.patch_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, {"metadata": {"finalizers": None}}
+            )
+
     def close(self) -> None:
         """Everything this stack started, newest first; safe to call twice."""
         if self.targets is not None:
             self.targets.stopped.set()
         for forward in self.forwards:
             stop_group(forward, grace=2)
+        if self.existing and self.api is not None:
+            with contextlib.suppress(Exception):
+                self._delete_namespace_on_existing()
         stop_group(self.operator, grace=15)
         self.operator = None
         if self.existing and self.api is not None:
             with contextlib.suppress(Exception):
-                client.CoreV1Api(self.api).delete_namespace(self.namespace)
+                self._release_leftover_finalizers()
         if self.prometheus is not None:
             self.prometheus.stop()
             self.prometheus = None

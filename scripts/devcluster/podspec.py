@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -267,8 +268,17 @@ def process_spec(
 
 
 def base_env(pod: Obj, pod_ip: str, api_host: str, api_port: int) -> dict[str, str]:
-    """The agent's own environment (PATH, venv...) minus its credentials, plus what a kubelet adds."""
+    """The agent's own environment (PATH, venv...) minus its credentials, plus what a kubelet adds.
+
+    The agent's virtualenv stands in for the container image: its ``bin`` leads PATH, so a pod
+    whose command is the image's ``infertune`` (an operator run without ``--infertune-command``,
+    as in a real cluster) runs this checkout's CLI, not "No such file or directory".
+    """
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBECONFIG", "KUBERNETES_"))}
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = os.pathsep.join(
+        [venv_bin, *(p for p in env.get("PATH", "").split(os.pathsep) if p and p != venv_bin)]
+    )
     env.update(
         HOSTNAME=pod["metadata"]["name"],
         POD_IP=pod_ip,

@@ -12,11 +12,14 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
-from cluster_helpers import alive
+from cluster_helpers import alive, wait_for
+from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "scripts" / "demo.py"
@@ -42,27 +45,59 @@ def _leftovers(record: dict[str, Any]) -> list[str]:
     return out
 
 
-def _run_demo(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
+def _run_demo(
+    tmp_path: Path, *extra: str, namespace: str = "demo-test", env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(DEMO), "--out", str(tmp_path / "out"), "--record", str(tmp_path / "record.json"),
-         "--namespace", "demo-test", *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+         "--namespace", namespace, *extra],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )  # fmt: skip
+
+
+def _interrupt_once(proc: subprocess.Popen[str], marker: str, timeout: float = 600) -> str:
+    """SIGINT the demo a few seconds after ``marker`` appears in its output; the whole output."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        seen.append(line)
+        if marker in line or time.monotonic() > deadline:
+            break
+    time.sleep(5)  # the tuning pod is running by now
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=180)
+    return "".join(seen) + rest
+
+
+def test_ctrl_c_on_an_existing_cluster_deletes_the_demo_namespace(
+    cluster: Any, api: Any, tmp_path: Path
+) -> None:
+    """`make demo CLUSTER=existing` on a cluster the user keeps: after Ctrl-C the demo's namespace
+    is gone, not left Terminating on the finalizer of an operator that was stopped first."""
+    namespace = f"demo-{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+    proc = _run_demo(tmp_path, "--cluster", "existing", namespace=namespace, env=env)
+    out = _interrupt_once(proc, "tuning Job")  # the InferenceService exists, with the finalizer
+    assert proc.returncode == 130, out[-3000:]
+    assert "teardown done" in out, out[-3000:]
+
+    def namespace_gone() -> bool:
+        try:
+            client.CoreV1Api(api).read_namespace(namespace)
+        except ApiException as e:
+            return e.status == 404
+        return False
+
+    wait_for(namespace_gone, f"namespace {namespace} deleted", timeout=90)
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert _leftovers(record) == []
 
 
 def test_ctrl_c_tears_everything_down(tmp_path: Path) -> None:
     proc = _run_demo(tmp_path)
-    assert proc.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + 600
-    for line in proc.stdout:
-        seen.append(line)
-        if "=== 4/8" in line or time.monotonic() > deadline:
-            break  # control plane, Prometheus and the operator are up; the tuning Job is starting
-    time.sleep(5)  # the tuning pod is running by now
-    proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=120)
-    out = "".join(seen) + rest
+    # At step 4 the control plane, Prometheus and the operator are up; the tuning Job is starting.
+    out = _interrupt_once(proc, "=== 4/8")
     assert proc.returncode == 130, out[-3000:]
     assert "interrupted: tearing down" in out and "teardown done" in out, out[-3000:]
     record = json.loads((tmp_path / "record.json").read_text())

@@ -87,27 +87,30 @@ async def _from_prometheus(ctx: Ctx, interval: float, track: str) -> Window | No
 
 async def _observe(
     ctx: Ctx, pods: list[dict[str, Any]], track: str = "stable"
-) -> tuple[Live | None, str]:
+) -> tuple[Live | None, Live | None, str]:
+    """(the check window for SLO verdicts, the window for the traffic's shape, the source)."""
     rt, isvc = ctx.rt, ctx.isvc
     interval = float(isvc.spec.retune.check_interval)
     if rt.prometheus is not None:
         window = await _from_prometheus(ctx, interval, track)
         if window is not None:
-            return summarise(window, isvc.spec.slo), "prometheus"
+            live = summarise(window, isvc.spec.slo)
+            return live, live, "prometheus"  # its windows span MIN_WINDOW_S already
     port = rt.settings.serving_port
     targets = {p["uid"]: f"http://{p['ip']}:{port}/metrics" for p in _serving_pods(pods, track)}
     key = ctx.key if track == "stable" else canary.canary_key(ctx)
-    window = await rt.scraper(key).window(targets) if targets else None
-    if window is None:
-        return None, "scrape"
-    return summarise(window, isvc.spec.slo), "scrape"
+    windows = await rt.scraper(key).windows(targets) if targets else None
+    if windows is None:
+        return None, None, "scrape"
+    slo = isvc.spec.slo
+    return summarise(windows.recent, slo), summarise(windows.traffic, slo), "scrape"
 
 
 async def _check_canary(ctx: Ctx, pods: list[dict[str, Any]]) -> None:
     run = ctx.status.canary
     assert run is not None
     spec = ctx.isvc.spec
-    live, _ = await _observe(ctx, pods, canary.CANARY)
+    live, _, _ = await _observe(ctx, pods, canary.CANARY)
     if live is not None:
         met, violating = slo_check(spec.slo, live.at_percentile)
         run = canary.record(run, met, violating, ctx.now)
@@ -146,19 +149,19 @@ async def check(
     st, spec = ctx.status, ctx.isvc.spec
     if st.live is None or not due(rt, ctx.key, float(spec.retune.check_interval), time.monotonic()):
         return
-    live, source = await _observe(ctx, pods)
+    live, traffic, source = await _observe(ctx, pods)
     now = time.monotonic()
     windows = rt.window(ctx.key)
     violating: list[str] = []
-    if live is not None:
+    if live is not None and traffic is not None:
         met, violating = slo_check(spec.slo, live.at_percentile)
-        enough = live.requests >= rt.settings.min_requests_for_drift
+        enough = traffic.requests >= rt.settings.min_requests_for_drift
         if enough:
             rt.traffic_seen[ctx.key] = (
-                live  # what a retune is given, even if the last window is thin
+                traffic  # what a retune is given, even if the last window is thin
             )
         drift = (
-            traffic_drift(tuned_traffic(st.live, spec.traffic), live.figures, spec.retune)
+            traffic_drift(tuned_traffic(st.live, spec.traffic), traffic.figures, spec.retune)
             if enough
             else None
         )
@@ -208,10 +211,10 @@ async def check(
         tuning = spec.tuning_spec()
         recent = rt.traffic_seen.get(ctx.key)
         if recent is not None:
-            traffic = observed_traffic(
+            shape = observed_traffic(
                 tuning.traffic, recent.figures, recent.prompt_p95, recent.output_p95
             )
-            tuning = tuning.model_copy(update={"traffic": traffic})
+            tuning = tuning.model_copy(update={"traffic": shape})
         product = (
             sorted(p for p in products if p)[0]
             if decision.reason == REASON_HARDWARE and any(products)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,10 @@ from infertune.tuner.api import SLO
 
 METRIC_FAMILY = {"ttft": TTFT, "itl": ITL, "e2e": E2E}
 FAMILIES = (TTFT, ITL, E2E, PROMPT, OUTPUT)
+# The shortest window either source judges: Prometheus' increase() needs two samples of its
+# scrape interval, and the operator's own scraper spans the same so that a verdict (and whether
+# a window holds enough requests to count toward drift) does not depend on which source answered.
+MIN_WINDOW_S = 30.0
 
 
 @dataclass
@@ -100,12 +105,34 @@ class Scrape:
     hists: dict[str, Histogram]
 
 
-class Scraper:
-    """Keeps the previous scrape of every pod; `window()` returns the increase since then."""
+@dataclass(frozen=True)
+class ScrapeWindows:
+    """Since the previous scrape (SLO verdicts: a short stall stays visible), and over at least
+    the scraper's ``min_span_s`` (traffic shape: enough requests to count toward drift)."""
 
-    def __init__(self, timeout_s: float) -> None:
+    recent: Window
+    traffic: Window
+
+
+class Scraper:
+    """Keeps recent scrapes of every pod; `windows()` returns the increase since the previous
+    scrape, and over at least `min_span_s` (since the newest scrape that old, else the oldest).
+
+    A check every 15 s at 0.7 req/s sees ~10 requests between two scrapes: fewer than a drift
+    verdict needs, so with only that window a service with no Prometheus never retuned on drift
+    (the Prometheus source's windows already span 30 s).
+    """
+
+    def __init__(
+        self,
+        timeout_s: float,
+        min_span_s: float = MIN_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.timeout_s = timeout_s
-        self.previous: dict[str, Scrape] = {}
+        self.min_span_s = min_span_s
+        self.clock = clock
+        self.history: dict[str, list[Scrape]] = {}  # pod uid -> scrapes, oldest first
 
     async def _fetch(self, session: aiohttp.ClientSession, url: str) -> str | None:
         try:
@@ -114,30 +141,49 @@ class Scraper:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return None
 
-    async def window(self, targets: dict[str, str]) -> Window | None:
-        """`targets`: pod uid -> metrics URL. None until every pod has a previous scrape."""
+    async def windows(self, targets: dict[str, str]) -> ScrapeWindows | None:
+        """`targets`: pod uid -> metrics URL. None until a pod has a previous scrape."""
         async with aiohttp.ClientSession() as session:
             texts = await asyncio.gather(*(self._fetch(session, url) for url in targets.values()))
-        now = time.monotonic()
-        total: dict[str, Histogram] = {}
-        spans: list[float] = []
+        now = self.clock()
+        recent, traffic = _Sum(), _Sum()
         for uid, text in zip(targets, texts, strict=True):
             if text is None:
                 continue
             current = Scrape(now, parse_exposition(text, FAMILIES))
-            earlier = self.previous.get(uid)
-            self.previous[uid] = current
-            if earlier is None:
+            history = self.history.setdefault(uid, [])
+            if not history:
+                history.append(current)
                 continue
-            spans.append(now - earlier.time)
-            for name, hist in current.hists.items():
-                delta = hist.minus(earlier.hists.get(name, Histogram()))
-                total[name] = total.get(name, Histogram()).add(delta)
-        for uid in set(self.previous) - set(targets):
-            del self.previous[uid]  # pods that went away
-        if not spans:
+            # Checks come a little early or late: 5% slack keeps "two checks of 15 s ago" in.
+            old_enough = [s for s in history if now - s.time >= 0.95 * self.min_span_s]
+            base = old_enough[-1] if old_enough else history[0]
+            recent.add(current, history[-1])
+            traffic.add(current, base)
+            # Keep the baseline and everything newer: later windows start from those.
+            self.history[uid] = [s for s in history if s.time >= base.time] + [current]
+        for uid in set(self.history) - set(targets):
+            del self.history[uid]  # pods that went away
+        if not recent.spans:
             return None
-        return Window(seconds=max(spans), hists=total)
+        return ScrapeWindows(recent=recent.window(), traffic=traffic.window())
+
+
+@dataclass
+class _Sum:
+    """Histogram increases summed over pods, and the longest span among them."""
+
+    hists: dict[str, Histogram] = field(default_factory=dict)
+    spans: list[float] = field(default_factory=list)
+
+    def add(self, current: Scrape, earlier: Scrape) -> None:
+        self.spans.append(current.time - earlier.time)
+        for name, hist in current.hists.items():
+            delta = hist.minus(earlier.hists.get(name, Histogram()))
+            self.hists[name] = self.hists.get(name, Histogram()).add(delta)
+
+    def window(self) -> Window:
+        return Window(seconds=max(self.spans), hists=self.hists)
 
 
 def promql_bucket_query(family: str, namespace: str, pod_regex: str, seconds: float) -> str:
@@ -185,7 +231,7 @@ class PrometheusSource:
         return result
 
     async def window(self, namespace: str, pod_regex: str, seconds: float) -> Window:
-        span = max(seconds, 30.0)  # increase() needs at least two samples of the scrape interval
+        span = max(seconds, MIN_WINDOW_S)
         hists: dict[str, Histogram] = {}
         async with aiohttp.ClientSession() as session:
             for family in FAMILIES:

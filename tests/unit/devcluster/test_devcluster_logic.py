@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts" / "devcluster"))
 
-from podspec import expand, rewrite_paths
+from podspec import base_env, expand, rewrite_paths
 from scheduling import choose_node, parse_quantity
 
 
@@ -181,3 +181,16 @@ def test_host_paths_below_a_mount_are_not_rewritten() -> None:
     assert rewrite_paths("/usr/bin/env python", mapping) == "/usr/bin/env python"
     assert rewrite_paths("/usr/not-on-this-host/x", mapping) == "/tmp/v/not-on-this-host/x"
     assert rewrite_paths("--root=/usr", mapping) == "--root=/tmp/v"
+
+
+def test_pods_find_the_virtualenv_cli_first_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's virtualenv is the image: a bare `infertune` in a pod's command resolves to it,
+    whatever PATH `make cluster` was started with, and the API credentials stay out."""
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setenv("KUBECONFIG", "/secret/kubeconfig")
+    pod = {"metadata": {"name": "p"}}
+    env = base_env(pod, "127.0.0.9", "127.0.0.1", 6443)
+    venv_bin = str(Path(sys.executable).parent)
+    assert env["PATH"].split(":") == [venv_bin, "/usr/bin", "/bin"]
+    assert "KUBECONFIG" not in env
+    assert env["KUBERNETES_SERVICE_PORT"] == "6443"

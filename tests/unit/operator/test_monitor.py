@@ -17,6 +17,7 @@ from infertune.operator.monitor import (
     PrometheusError,
     PrometheusSource,
     Scraper,
+    ScrapeWindows,
     Window,
     promql_bucket_query,
     summarise,
@@ -107,7 +108,7 @@ def test_summary_of_a_window_gives_figures_and_slo_percentiles() -> None:
 def test_scraper_needs_two_scrapes_and_sums_pods() -> None:
     engines = [FakeEngine(), FakeEngine()]
 
-    async def scenario() -> tuple[Window | None, Window | None]:
+    async def scenario() -> tuple[ScrapeWindows | None, Window | None]:
         app = web.Application()
 
         def handler(eng: FakeEngine) -> Any:
@@ -126,17 +127,58 @@ def test_scraper_needs_two_scrapes_and_sums_pods() -> None:
         targets = {f"pod-{i}": f"http://127.0.0.1:{port}/{i}/metrics" for i in range(2)}
         targets["gone"] = f"http://127.0.0.1:{port}/missing/metrics"
         scraper = Scraper(timeout_s=2)
-        first = await scraper.window(targets)
+        first = await scraper.windows(targets)
         for eng in engines:
             for _ in range(5):
                 eng.request(ttft=0.1, itl=0.01, prompt=100, output=8)
-        second = await scraper.window(targets)
+        second = await scraper.windows(targets)
         await runner.cleanup()
-        return first, second
+        return first, second.recent if second else None
 
     first, second = asyncio.run(scenario())
     assert first is None
     assert second is not None and second.requests == 10
+
+
+def test_traffic_windows_span_the_minimum_so_a_slow_service_counts_toward_drift() -> None:
+    """Checks every 15 s on a service doing 10 requests per check: the traffic window spans 30 s
+    (as the Prometheus source's does) and holds 20 requests, enough for a drift verdict; it grows
+    from the first scrape until it is that long, then slides. SLO verdicts keep the window since
+    the previous check, so a short stall is not diluted."""
+    engine = FakeEngine()
+    clock = [0.0]
+
+    async def scenario() -> list[ScrapeWindows | None]:
+        app = web.Application()
+
+        async def serve(_request: web.Request) -> web.Response:
+            return web.Response(text=engine.text())
+
+        app.router.add_get("/metrics", serve)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        scraper = Scraper(timeout_s=2, min_span_s=30.0, clock=lambda: clock[0])
+        seen = []
+        for check in range(5):
+            clock[0] = 15.0 * check + (0.4 if check == 2 else 0.0)  # a check a little late
+            seen.append(await scraper.windows({"pod": f"http://127.0.0.1:{port}/metrics"}))
+            for _ in range(10):
+                engine.request(ttft=0.1, itl=0.01, prompt=100, output=8)
+        await runner.cleanup()
+        return seen
+
+    first, *rest = asyncio.run(scenario())
+    assert first is None
+    windows = [w for w in rest if w is not None]
+    traffic = [(round(w.traffic.seconds, 3), w.traffic.requests) for w in windows]
+    assert traffic == [(15.0, 10), (30.4, 20), (30.0, 20), (29.6, 20)]
+    recent = [(round(w.recent.seconds, 3), w.recent.requests) for w in windows]
+    assert recent == [(15.0, 10), (15.4, 10), (14.6, 10), (15.0, 10)]
+    live = summarise(windows[-1].traffic, SLO.model_validate({"e2e": {"max": "2s"}}))
+    assert live.requests == 20 and live.figures.request_rate == pytest.approx(20 / 29.6, abs=1e-3)
 
 
 def test_promql_selects_the_deployments_pods() -> None:

@@ -289,15 +289,10 @@ def boosted_priority() -> Iterator[None]:
     """Run the block ahead of ordinary work when allowed (root), as `--boost` does for the server.
 
     Timing tests measure the generator, not whatever else shares this machine's two cores (a
-    compiler, another engineer's cluster). Real-time FIFO where permitted (the kernel still leaves
-    others 5% of each core), else nice -10, else as it is; restored afterwards.
+    compiler, another engineer's cluster): :func:`boost_priority`, restored afterwards.
     """
     policy, nice = os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, 0)
-    try:
-        os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.setpriority(os.PRIO_PROCESS, 0, -10)
+    boost_priority()
     try:
         yield
     finally:
