@@ -137,12 +137,7 @@ class Stack:
         devcluster.wait_established(self.kubectl, "-f", str(CRD))
         if self.cluster is not None:
             self.cluster.start_controller_manager()
-            nodes = [
-                # Two GPUs: a retune's tuning Job needs one while the live pod keeps the other.
-                node_agent.gpu_node("gpu-h100-0", product="NVIDIA-H100-80GB-HBM3", gpus=2),
-                node_agent.gpu_node("gpu-a100-0", product="NVIDIA-A100-SXM4-80GB"),
-                node_agent.cpu_node("cpu-0"),
-            ]
+            nodes = node_agent.default_nodes()  # the same as `make cluster`'s
             self.cluster.start_node_agent(nodes, max_grace=5.0)
             self.pids.update({n: p.pid for n, p in self.cluster.procs.items()})
             self.say(

@@ -83,8 +83,10 @@ def cpu_node(name: str, **labels: str) -> FakeNode:
 
 
 def default_nodes() -> list[FakeNode]:
+    """The nodes of `make cluster` and of the demo's own control plane, so that the demo runs the
+    same on either: two H100s, as a retune's tuning Job needs one while the live pod keeps the other."""
     return [
-        gpu_node("gpu-h100-0"),
+        gpu_node("gpu-h100-0", gpus=2),
         gpu_node("gpu-a100-0", product="NVIDIA-A100-SXM4-80GB"),
         cpu_node("cpu-0"),
     ]
