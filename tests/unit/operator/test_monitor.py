@@ -64,6 +64,15 @@ def test_quantiles_match_histogram_quantile_semantics() -> None:
     assert Hist().quantile(0.5) is None
 
 
+async def _serve(app: web.Application) -> tuple[web.AppRunner, int]:
+    """``app`` on a free loopback port: the runner (to clean up) and the port."""
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+
 def test_difference_of_two_scrapes_is_the_window_and_resets_are_survived() -> None:
     engine = FakeEngine()
     for _ in range(100):
@@ -119,11 +128,7 @@ def test_scraper_needs_two_scrapes_and_sums_pods() -> None:
 
         for i, eng in enumerate(engines):
             app.router.add_get(f"/{i}/metrics", handler(eng))
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await _serve(app)
         targets = {f"pod-{i}": f"http://127.0.0.1:{port}/{i}/metrics" for i in range(2)}
         targets["gone"] = f"http://127.0.0.1:{port}/missing/metrics"
         scraper = Scraper(timeout_s=2)
@@ -155,11 +160,7 @@ def test_traffic_windows_span_the_minimum_so_a_slow_service_counts_toward_drift(
             return web.Response(text=engine.text())
 
         app.router.add_get("/metrics", serve)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await _serve(app)
         scraper = Scraper(timeout_s=2, min_span_s=30.0, clock=lambda: clock[0])
         seen = []
         for check in range(5):
@@ -206,11 +207,7 @@ def test_prometheus_failures_are_one_error_type_with_a_short_reason() -> None:
 
         app.router.add_get("/bad/api/v1/query", bad_query)
         app.router.add_get("/html/api/v1/query", not_json)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        runner, port = await _serve(app)
         with socket.socket() as s:  # a port nobody listens on
             s.bind(("127.0.0.1", 0))
             closed = s.getsockname()[1]
