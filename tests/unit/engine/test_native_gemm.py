@@ -1,0 +1,134 @@
+"""The fp32 panel kernel: same products as torch, used where it can run, torch mm where not."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from infertune.engine import native_gemm
+from infertune.engine.native_gemm import PanelLinear, describe, panel_kernel
+from infertune.engine.quant import PlainLinear, make_linear
+
+needs_kernel = pytest.mark.skipif(
+    panel_kernel() is None, reason=f"no panel kernel on this host: {describe()}"
+)
+
+
+def _case(rows: int, depth: int, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(rows * 1000 + depth + width)
+    x = torch.randn(rows, depth, generator=gen)
+    weight = torch.randn(width, depth, generator=gen) * depth**-0.5
+    residual = torch.randn(rows, width, generator=gen)
+    return x, weight, residual
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 130])
+@pytest.mark.parametrize(("depth", "width"), [(256, 384), (768, 256), (64, 16)])
+def test_panel_layers_give_torchs_products_for_every_row_count(
+    rows: int, depth: int, width: int
+) -> None:
+    x, weight, residual = _case(rows, depth, width)
+    bias = torch.randn(width)
+    plain = PanelLinear(weight, None, panel_kernel())  # type: ignore[arg-type]
+    biased = PanelLinear(weight, bias, panel_kernel())  # type: ignore[arg-type]
+    expected = x @ weight.T
+    # One FMA chain per element against MKL's blocked sums: equal to fp32 rounding.
+    torch.testing.assert_close(plain(x), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(biased(x), expected + bias, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(plain.add_to(residual, x), residual + expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        biased.add_to(residual, x), residual + expected + bias, rtol=1e-5, atol=1e-5
+    )
+
+
+@needs_kernel
+def test_strided_rows_and_threads_do_not_change_the_result() -> None:
+    x, weight, residual = _case(64, 256, 384)
+    layer = PanelLinear(weight, None, panel_kernel())  # type: ignore[arg-type]
+    wide = torch.randn(64, 512)
+    wide[:, :256] = x  # rows with a stride of 512: a view like qkv's slices
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        single = layer.add_to(residual, x)
+        torch.set_num_threads(2)  # 64 rows: the panels are shared among the threads
+        shared = layer.add_to(residual, x)
+        strided = layer.add_to(residual, wide[:, :256])
+    finally:
+        torch.set_num_threads(previous)
+    # Each element is the same FMA chain whichever thread computes it: bit-identical.
+    assert torch.equal(single, shared)
+    assert torch.equal(single, strided)
+
+
+@needs_kernel
+def test_fp32_cpu_layers_take_the_panel_kernel_and_others_keep_torch_mm() -> None:
+    weight = torch.randn(48, 32)
+    assert isinstance(make_linear(weight, None, quantization="fp32", device="cpu"), PanelLinear)
+    # 20 outputs are not whole panels; bf16 has no panel kernel.
+    odd = make_linear(torch.randn(20, 32), None, quantization="fp32", device="cpu")
+    assert isinstance(odd, PlainLinear)
+    assert isinstance(make_linear(weight, None, quantization="bf16", device="cpu"), PlainLinear)
+    with pytest.raises(ValueError, match="20 output features are not a multiple of 16"):
+        native_gemm.pack_panels(torch.randn(20, 32))
+
+
+def _describe_in_subprocess(env: dict[str, str]) -> str:
+    code = (
+        "from infertune.engine.native_gemm import describe\n"
+        "from infertune.engine.quant import make_linear\n"
+        "import torch\n"
+        "layer = make_linear(torch.randn(32, 32), None, quantization='fp32', device='cpu')\n"
+        "print(type(layer).__name__, '|', describe())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def test_without_a_working_compiler_fp32_layers_stay_on_torch_mm(tmp_path: Path) -> None:
+    env = {"CC": "false", "INFERTUNE_CACHE": str(tmp_path), "INFERTUNE_KERNEL_DIR": ""}
+    out = _describe_in_subprocess(env)
+    assert out.startswith("PlainLinear | torch mm (panel kernel unavailable: false failed"), out
+    assert _describe_in_subprocess({"INFERTUNE_NATIVE_GEMM": "0"}) == (
+        "PlainLinear | torch mm (INFERTUNE_NATIVE_GEMM=0)"
+    )
+
+
+@needs_kernel
+def test_a_prebuilt_kernel_dir_serves_hosts_without_a_compiler(tmp_path: Path) -> None:
+    prebuilt = native_gemm.build(tmp_path / "prebuilt")
+    # No compiler at all: only the prebuilt library can make the kernel available.
+    env = {"CC": "false", "INFERTUNE_CACHE": str(tmp_path / "empty")}
+    out = _describe_in_subprocess({**env, "INFERTUNE_KERNEL_DIR": str(prebuilt.parent)})
+    assert out == f"PanelLinear | native AVX2 panel kernel ({prebuilt})"
+
+
+@needs_kernel
+def test_the_kernel_runs_on_torchs_own_openmp_threads() -> None:
+    # A second OpenMP runtime would bring a second pool of spinning threads onto the same cores.
+    code = (
+        "import torch\n"
+        "from infertune.engine.native_gemm import panel_kernel\n"
+        "assert panel_kernel() is not None\n"
+        "maps = open('/proc/self/maps').read().splitlines()\n"
+        "print(sorted({l.split()[-1] for l in maps if 'gomp' in l or 'iomp' in l}))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    runtimes = ast.literal_eval(done.stdout)
+    assert len(runtimes) == 1, runtimes
