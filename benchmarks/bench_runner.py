@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
+from infertune.engine.kernels import describe, native_kernels, pack_panels
 from infertune.engine.make_model import ensure_model
-from infertune.engine.native_gemm import describe, pack_panels, panel_kernel
 from infertune.engine.runner import ModelRunner, SamplingParams, StepInput
 
 PROMPT_LEN = 16
@@ -84,7 +84,7 @@ def gemm_rows(model_dir: Any) -> list[dict[str, Any]]:
     Interleaved, best of 20 per row count; the weights (16 MiB) exceed this host's last-level
     cache as they do in a decode step, so each pass streams them from memory.
     """
-    kernel = panel_kernel()
+    kernel = native_kernels()
     if kernel is None:
         return [{"name": "fp32 panel kernel", "value": 0.0, "unit": "-", "note": describe()}]
     from infertune.engine.checkpoint import load_tensors

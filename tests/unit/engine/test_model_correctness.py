@@ -6,6 +6,7 @@ import pytest
 import torch
 from model_reference import NEW_TOKENS, generate_single, hf_reference, prompt_ids, tiny_model
 
+from infertune.engine.kernels import PanelLinear
 from infertune.engine.runner import ModelRunner
 
 pytest.importorskip("transformers")
@@ -23,14 +24,21 @@ def _rel_margins(logits: torch.Tensor) -> torch.Tensor:
     return (top2[:, 0] - top2[:, 1]) / logits.abs().amax(dim=-1)
 
 
-def test_fp32_greedy_equals_transformers() -> None:
+def _uses(runner: ModelRunner, path: str) -> bool:
+    native = isinstance(runner.model.layers[0].qkv, PanelLinear) and runner.model.native is not None
+    return native == (path == "native")
+
+
+def test_fp32_greedy_equals_transformers(fp32_path: str) -> None:
     runner = ModelRunner(tiny_model(), quantization="fp32", kv_block_size=16, num_kv_blocks=64)
+    assert _uses(runner, fp32_path)
     for ids, ref in zip(prompt_ids(), hf_reference(), strict=True):
         assert generate_single(runner, ids, NEW_TOKENS, list(range(8))) == list(ref.tokens)
 
 
-def test_fp32_logits_match_transformers() -> None:
+def test_fp32_logits_match_transformers(fp32_path: str) -> None:
     runner = ModelRunner(tiny_model(), quantization="fp32", kv_block_size=16, num_kv_blocks=64)
+    assert _uses(runner, fp32_path)
     for ids, ref in zip(prompt_ids(), hf_reference(), strict=True):
         seq = list(ids) + list(ref.tokens)
         ours = runner.score(seq)[len(ids) - 1 : len(seq) - 1]

@@ -27,7 +27,10 @@ def _tables(n_seqs: int, per_seq: int, num_blocks: int, seed: int) -> list[list[
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16, 32])
-def test_batched_paged_decode_matches_single(block_size: int, singles: list[list[int]]) -> None:
+def test_batched_paged_decode_matches_single(
+    block_size: int, singles: list[list[int]], fp32_path: str
+) -> None:
+    """On both fp32 paths (native kernels, torch ops) against single runs on the default one."""
     prompts = prompt_ids()
     per_seq = -(-(max(map(len, prompts)) + N + 1) // block_size)
     runner = ModelRunner(

@@ -216,7 +216,7 @@ def build_runner(args: argparse.Namespace, model_dir: Path) -> Any:
     torch.set_num_threads(decode_threads)
     device = _device(args.device)
     if args.quantization == "fp32" and device == "cpu":
-        from infertune.engine.native_gemm import describe
+        from infertune.engine.kernels import describe
 
         log.info("fp32 linear layers: %s", describe())
     return ModelRunner(

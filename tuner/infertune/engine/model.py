@@ -9,6 +9,10 @@ layer), so decode throughput scales with batch size. Attention is the only per-s
   at batch 32 on CPU, and 3x faster again than advanced indexing + a transpose copy);
 * prefill chunks run one SDPA each with a causal mask over cached + new positions.
 
+For fp32 on x86 CPUs with AVX2 the linear layers and the decode attention run on the native
+kernels of :mod:`infertune.engine.kernels` (panel-packed weights; attention reading K/V in place
+through the block tables, no gather); the torch ops below are the path everywhere else.
+
 The KV cache is ``[layers, 2, kv_heads, blocks, block_size, head_dim]``: head-major across
 blocks, so a gathered block list is already the contiguous ``[L, head_dim]`` matrix each
 (head, sequence) pair multiplies with, and no copy is needed between the gather and the GEMMs.
@@ -28,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from infertune.engine.config import LlamaConfig
-from infertune.engine.native_gemm import PanelLinear
+from infertune.engine.kernels import NativeKernels, PanelLinear, native_kernels
 from infertune.engine.quant import Linear, PlainLinear, activation_dtype, make_linear
 
 
@@ -183,6 +187,11 @@ class LlamaModel:
         # gathered K/V and attend in fp32 instead: c=8 through HTTP 541 -> 791 tok/s (int4).
         # Plain bf16/fp16 keep low-precision attention, rounding where transformers rounds.
         self.decode_attention_fp32 = quantization in ("int8", "int4") and device == "cpu"
+        # fp32 on CPU: decode attention reads K/V in place through the block tables (kernels.py)
+        # instead of gathering a copy first.
+        self.native: NativeKernels | None = None
+        if self.dtype == torch.float32 and device == "cpu" and cfg.head_dim % 8 == 0:
+            self.native = native_kernels()
 
     @property
     def weight_bytes(self) -> int:
@@ -259,11 +268,13 @@ class LlamaModel:
 
     def _decode_setup(
         self, meta: BatchMeta, num_blocks: int, block_size: int
-    ) -> _DecodeSetup | None:
+    ) -> _DecodeSetup | _NativeDecode | None:
         """Per-step decode data shared by every layer: flat block ids and the length mask."""
         nd = meta.num_decode
         if not nd:
             return None
+        if self.native is not None:  # the kernel walks the block tables itself
+            return _NativeDecode(meta.decode_block_tables, meta.decode_context_lens)
         nkv = self.cfg.num_key_value_heads
         tables = meta.decode_block_tables
         span = tables.shape[1] * block_size
@@ -282,8 +293,16 @@ class LlamaModel:
         return _DecodeSetup(nd, rows, span, bias)
 
     def _decode_attention(
-        self, q: torch.Tensor, layer_cache: torch.Tensor, setup: _DecodeSetup | None
+        self,
+        q: torch.Tensor,
+        layer_cache: torch.Tensor,
+        setup: _DecodeSetup | _NativeDecode | None,
     ) -> torch.Tensor:
+        if isinstance(setup, _NativeDecode):
+            assert self.native is not None
+            return self.native.decode_attention(
+                q, layer_cache, setup.block_tables, setup.context_lens, self.scale
+            )
         assert setup is not None
         cfg = self.cfg
         nb, span = setup.num_decode, setup.span
@@ -332,6 +351,12 @@ class LlamaModel:
                 qh, kv[0].unsqueeze(0), kv[1].unsqueeze(0), attn_mask=cols <= rows, enable_gqa=True
             )
         return out.squeeze(0).transpose(0, 1)
+
+
+@dataclass
+class _NativeDecode:
+    block_tables: torch.Tensor  # [B, max_blocks] int64
+    context_lens: torch.Tensor  # [B] int64
 
 
 @dataclass

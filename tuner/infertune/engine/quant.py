@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from infertune.engine.native_gemm import PANEL, PanelLinear, panel_kernel
+from infertune.engine.kernels import PANEL, PanelLinear, native_kernels
 
 PLAIN_DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -190,7 +190,7 @@ def make_linear(
     weight = weight.to(device)
     bias = None if bias is None else bias.to(device)
     if quantization == "fp32" and device == "cpu" and weight.shape[0] % PANEL == 0:
-        kernel = panel_kernel()
+        kernel = native_kernels()
         if kernel is not None:
             return PanelLinear(weight, bias, kernel)
     if quantization in PLAIN_DTYPES:

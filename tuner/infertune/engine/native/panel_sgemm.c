@@ -11,7 +11,7 @@
  * Each output element is one FMA chain over k in order, starting from init (0, a bias row
  * when ldi == 0, or the residual stream): the same sum as a plain dot product, rounded per FMA.
  *
- * Built at run time with -O3 -mavx2 -mfma -fopenmp (see native_gemm.py); loaded only on CPUs with both.
+ * Built at run time with -O3 -mavx2 -mfma -fopenmp (see kernels.py); loaded only on CPUs with both.
  */
 #include <immintrin.h>
 
@@ -88,5 +88,5 @@ void infertune_panel_sgemm(
     }
 }
 
-/* The ABI version the loader checks, so a stale cached build is never called. */
-int infertune_panel_sgemm_abi(void) { return 2; }
+/* The ABI version the loader checks (of the whole library), so a stale build is never called. */
+int infertune_kernels_abi(void) { return 3; }

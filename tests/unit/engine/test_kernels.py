@@ -1,4 +1,4 @@
-"""The fp32 panel kernel: same products as torch, used where it can run, torch mm where not."""
+"""The native fp32 kernels: torch's results, used where they can run, torch's ops where not."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from infertune.engine import native_gemm
-from infertune.engine.native_gemm import PanelLinear, describe, panel_kernel
+from infertune.engine import kernels as native_gemm
+from infertune.engine.kernels import PanelLinear, describe, native_kernels
 from infertune.engine.quant import PlainLinear, make_linear
 
 needs_kernel = pytest.mark.skipif(
-    panel_kernel() is None, reason=f"no panel kernel on this host: {describe()}"
+    native_kernels() is None, reason=f"no native kernels on this host: {describe()}"
 )
 
 
@@ -36,8 +36,8 @@ def test_panel_layers_give_torchs_products_for_every_row_count(
 ) -> None:
     x, weight, residual = _case(rows, depth, width)
     bias = torch.randn(width)
-    plain = PanelLinear(weight, None, panel_kernel())  # type: ignore[arg-type]
-    biased = PanelLinear(weight, bias, panel_kernel())  # type: ignore[arg-type]
+    plain = PanelLinear(weight, None, native_kernels())  # type: ignore[arg-type]
+    biased = PanelLinear(weight, bias, native_kernels())  # type: ignore[arg-type]
     expected = x @ weight.T
     # One FMA chain per element against MKL's blocked sums: equal to fp32 rounding.
     torch.testing.assert_close(plain(x), expected, rtol=1e-5, atol=1e-5)
@@ -51,7 +51,7 @@ def test_panel_layers_give_torchs_products_for_every_row_count(
 @needs_kernel
 def test_strided_rows_and_threads_do_not_change_the_result() -> None:
     x, weight, residual = _case(64, 256, 384)
-    layer = PanelLinear(weight, None, panel_kernel())  # type: ignore[arg-type]
+    layer = PanelLinear(weight, None, native_kernels())  # type: ignore[arg-type]
     wide = torch.randn(64, 512)
     wide[:, :256] = x  # rows with a stride of 512: a view like qkv's slices
     previous = torch.get_num_threads()
@@ -82,7 +82,7 @@ def test_fp32_cpu_layers_take_the_panel_kernel_and_others_keep_torch_mm() -> Non
 
 def _describe_in_subprocess(env: dict[str, str]) -> str:
     code = (
-        "from infertune.engine.native_gemm import describe\n"
+        "from infertune.engine.kernels import describe\n"
         "from infertune.engine.quant import make_linear\n"
         "import torch\n"
         "layer = make_linear(torch.randn(32, 32), None, quantization='fp32', device='cpu')\n"
@@ -99,12 +99,12 @@ def _describe_in_subprocess(env: dict[str, str]) -> str:
     return done.stdout.strip()
 
 
-def test_without_a_working_compiler_fp32_layers_stay_on_torch_mm(tmp_path: Path) -> None:
+def test_without_a_working_compiler_fp32_models_stay_on_torch_ops(tmp_path: Path) -> None:
     env = {"CC": "false", "INFERTUNE_CACHE": str(tmp_path), "INFERTUNE_KERNEL_DIR": ""}
     out = _describe_in_subprocess(env)
-    assert out.startswith("PlainLinear | torch mm (panel kernel unavailable: false failed"), out
-    assert _describe_in_subprocess({"INFERTUNE_NATIVE_GEMM": "0"}) == (
-        "PlainLinear | torch mm (INFERTUNE_NATIVE_GEMM=0)"
+    assert out.startswith("PlainLinear | torch ops (native kernels unavailable: false failed"), out
+    assert _describe_in_subprocess({"INFERTUNE_NATIVE_KERNELS": "0"}) == (
+        "PlainLinear | torch ops (INFERTUNE_NATIVE_KERNELS=0)"
     )
 
 
@@ -114,7 +114,7 @@ def test_a_prebuilt_kernel_dir_serves_hosts_without_a_compiler(tmp_path: Path) -
     # No compiler at all: only the prebuilt library can make the kernel available.
     env = {"CC": "false", "INFERTUNE_CACHE": str(tmp_path / "empty")}
     out = _describe_in_subprocess({**env, "INFERTUNE_KERNEL_DIR": str(prebuilt.parent)})
-    assert out == f"PanelLinear | native AVX2 panel kernel ({prebuilt})"
+    assert out == f"PanelLinear | native AVX2 kernels ({prebuilt})"
 
 
 @needs_kernel
@@ -122,8 +122,8 @@ def test_the_kernel_runs_on_torchs_own_openmp_threads() -> None:
     # A second OpenMP runtime would bring a second pool of spinning threads onto the same cores.
     code = (
         "import torch\n"
-        "from infertune.engine.native_gemm import panel_kernel\n"
-        "assert panel_kernel() is not None\n"
+        "from infertune.engine.kernels import native_kernels\n"
+        "assert native_kernels() is not None\n"
         "maps = open('/proc/self/maps').read().splitlines()\n"
         "print(sorted({l.split()[-1] for l in maps if 'gomp' in l or 'iomp' in l}))\n"
     )
@@ -132,3 +132,58 @@ def test_the_kernel_runs_on_torchs_own_openmp_threads() -> None:
     )
     runtimes = ast.literal_eval(done.stdout)
     assert len(runtimes) == 1, runtimes
+
+
+def _reference_attention(
+    q: torch.Tensor, cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Per sequence and head: gather the cached K/V in token order, softmax(q K^T) V."""
+    _, kv_heads, _, block_size, _ = cache.shape
+    group = q.shape[1] // kv_heads
+    out = torch.empty_like(q)
+    for b in range(q.shape[0]):
+        n = int(lens[b])
+        blocks = tables[b, : -(-n // block_size)]
+        for head in range(q.shape[1]):
+            g = head // group
+            keys = cache[0, g, blocks].reshape(-1, cache.shape[-1])[:n]
+            values = cache[1, g, blocks].reshape(-1, cache.shape[-1])[:n]
+            probs = torch.softmax((keys @ q[b, head]) * scale, dim=0)
+            out[b, head] = probs @ values
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim", "block_size", "lens"),
+    [
+        (8, 2, 32, 16, [1, 16, 17, 150, 31, 64, 5, 200]),  # the tiny model's GQA shape
+        (4, 4, 64, 4, [3, 9]),  # no grouping, small blocks, a 64-wide head
+        (6, 1, 8, 32, [40]),  # one kv head for six query heads, an 8-wide head
+    ],
+)
+def test_decode_attention_reads_the_paged_cache_as_a_gathered_softmax_would(
+    heads: int, kv_heads: int, head_dim: int, block_size: int, lens: list[int]
+) -> None:
+    gen = torch.Generator().manual_seed(heads * 100 + head_dim)
+    num_blocks = 64
+    cache = torch.randn(2, kv_heads, num_blocks, block_size, head_dim, generator=gen)
+    width = max(-(-n // block_size) for n in lens)
+    # Scattered, non-monotonic blocks per sequence, padded with block 0 as the engine pads.
+    order = torch.randperm(num_blocks, generator=gen)
+    tables = torch.zeros(len(lens), width, dtype=torch.int64)
+    used = 0
+    for b, n in enumerate(lens):
+        count = -(-n // block_size)
+        tables[b, :count] = order[used : used + count]
+        used += count
+    context = torch.tensor(lens, dtype=torch.int64)
+    # q rows strided like the engine's slice of the fused qkv output.
+    qkv = torch.randn(len(lens), (heads + 2 * kv_heads) * head_dim, generator=gen)
+    q = qkv[:, : heads * head_dim].view(len(lens), heads, head_dim)
+    scale = head_dim**-0.5
+    kernel = native_kernels()
+    assert kernel is not None
+    got = kernel.decode_attention(q, cache, tables, context, scale)
+    expected = _reference_attention(q, cache, tables, context, scale)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

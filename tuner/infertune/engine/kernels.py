@@ -1,19 +1,23 @@
-"""fp32 linear layers on a panel-packed weight, with a small AVX2 kernel built at first use.
+"""The engine's native CPU kernels (fp32, AVX2 + FMA), built at first use and loaded with ctypes.
 
-A decode step multiplies a handful of rows (one per running sequence) by every weight once.
-For that shape MKL's sgemm is far from the machine's limits: it repacks an operand on every
-call and walks the ``[in, out]`` weight 64 bytes per row, and on a host whose last-level cache
-is smaller than the weights it then waits on memory. ``native/panel_sgemm.c`` keeps the weight
-as 16-column panels (each one contiguous ``[in, 16]`` block, one sequential stream) and the
-rows in registers. Measured on this project's 2-core AVX2 host (8 MiB L3), the tiny model's
-17 weights in turn, one thread: 8 rows 2.4 vs 4.0 ms, 32 rows 7.4 vs 8.7 ms, 1 row and 512
-rows on par (``make bench``, ``bench_runner``'s GEMM rows, measures it side by side).
+**Panel GEMM** (``native/panel_sgemm.c``). A decode step multiplies a handful of rows (one per
+running sequence) by every weight once. For that shape MKL's sgemm is far from the machine's
+limits: it repacks an operand on every call and walks the ``[in, out]`` weight 64 bytes per
+row, and on a host whose last-level cache is smaller than the weights it then waits on memory.
+The kernel keeps each weight as 16-column panels (each a contiguous ``[in, 16]`` block, one
+sequential stream) and the rows in registers. Measured on this project's 2-core AVX2 host
+(8 MiB L3), the tiny model's 17 weights in turn, one thread: 8 rows 2.4 vs 4.0 ms, 32 rows 7.4
+vs 8.7 ms, 1 and 512 rows on par (``bench_runner``'s GEMM rows measure it side by side).
+
+**Decode attention** (``native/decode_attention.c``) reads K and V straight from the paged
+cache through each sequence's block table, where the torch path first gathers them into a
+copy: batch 8, ~150 cached tokens, one layer: 154 vs ~400 us here.
 
 This module is the engine's one adapter to native code: it finds a C compiler, builds the
-kernel into the cache (``$INFERTUNE_KERNEL_DIR`` holds prebuilt ones, e.g. in the image), and
-loads it with ctypes, which releases the GIL for the call. Anything missing (not x86-64 Linux,
-no AVX2/FMA, no compiler, a failed build, ``INFERTUNE_NATIVE_GEMM=0``) leaves fp32 layers on
-torch's ``mm``, with the reason in :func:`describe`; nothing fails for want of the kernel.
+library into the cache (``$INFERTUNE_KERNEL_DIR`` holds prebuilt ones, e.g. in the images), and
+loads it with ctypes, which releases the GIL for each call. Anything missing (not x86-64 Linux,
+no AVX2/FMA, no compiler, a failed build, ``INFERTUNE_NATIVE_KERNELS=0``) leaves fp32 models on
+torch's ops, with the reason in :func:`describe`; nothing fails for want of the kernels.
 """
 
 from __future__ import annotations
@@ -34,10 +38,12 @@ import torch
 log = logging.getLogger(__name__)
 
 PANEL = 16  # columns per panel: two AVX2 registers
-SOURCE = Path(__file__).with_name("native") / "panel_sgemm.c"
+SOURCES = tuple(
+    Path(__file__).with_name("native") / n for n in ("panel_sgemm.c", "decode_attention.c")
+)
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-shared", "-fPIC")
 OPENMP = "-fopenmp"  # dropped (one thread) where the compiler has no OpenMP
-ABI = 2
+ABI = 3
 # Steps with at least this many rows share their panels among torch's threads (the runner
 # raises their number for prefill steps); below it a fork-join costs more than it saves.
 PARALLEL_ROWS = 16
@@ -45,8 +51,8 @@ PARALLEL_ROWS = 16
 _c_long, _ptr = ctypes.c_long, ctypes.c_void_p
 
 
-class PanelKernel:
-    """The loaded ``infertune_panel_sgemm``; see ``native/panel_sgemm.c`` for the contract."""
+class NativeKernels:
+    """The loaded library; each method's contract is in its C source."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path) -> None:
         fn = lib.infertune_panel_sgemm
@@ -54,6 +60,12 @@ class PanelKernel:
         fn.argtypes = [_ptr, _c_long, _c_long, _c_long, _ptr, _c_long, _c_long]
         fn.argtypes += [_ptr, _c_long, _ptr, _c_long, ctypes.c_int]
         self._fn = fn
+        att = lib.infertune_decode_attention
+        att.restype = None
+        att.argtypes = [_ptr, _c_long, _c_long, _c_long, _c_long, _ptr, _c_long, _c_long]
+        att.argtypes += [_ptr, _c_long, _ptr, _c_long, ctypes.c_float, _ptr, _ptr, _c_long]
+        att.argtypes += [ctypes.c_int]
+        self._attention = att
         self.path = path
 
     def matmul(
@@ -82,6 +94,37 @@ class PanelKernel:
         )  # fmt: skip
         return out
 
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        layer_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        context_lens: torch.Tensor,
+        scale: float,
+    ) -> torch.Tensor:
+        """Softmax attention of one query token per sequence over its cached tokens.
+
+        ``q`` ``[B, heads, head_dim]`` (rows may be strided, heads contiguous), ``layer_cache``
+        ``[2, kv_heads, blocks, block_size, head_dim]``, ``block_tables`` ``[B, max_blocks]``
+        and ``context_lens`` ``[B]`` int64; returns ``[B, heads, head_dim]``.
+        """
+        batch, heads, head_dim = q.shape
+        if q.stride(2) != 1 or q.stride(1) != head_dim:
+            q = q.contiguous()
+        _, kv_heads, num_blocks, block_size, _ = layer_cache.shape
+        out = torch.empty(batch, heads, head_dim, dtype=torch.float32)
+        longest = block_tables.shape[1] * block_size
+        ld_scratch = -(-longest // 8) * 8
+        scratch = torch.empty(batch * heads * ld_scratch, dtype=torch.float32)
+        parallel = int(batch >= 4 and torch.get_num_threads() > 1)
+        self._attention(
+            q.data_ptr(), q.stride(0), heads, kv_heads, head_dim,
+            layer_cache.data_ptr(), num_blocks, block_size,
+            block_tables.data_ptr(), block_tables.stride(0), context_lens.data_ptr(), batch,
+            scale, out.data_ptr(), scratch.data_ptr(), ld_scratch, parallel,
+        )  # fmt: skip
+        return out
+
 
 def pack_panels(weight: torch.Tensor) -> torch.Tensor:
     """An ``[out, in]`` weight as ``[out / 16, in, 16]`` fp32 panels (``out % 16 == 0``)."""
@@ -95,7 +138,7 @@ def pack_panels(weight: torch.Tensor) -> torch.Tensor:
 class PanelLinear:
     """An fp32 CPU linear layer whose weight lives only as panels (no second copy)."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: PanelKernel):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, kernel: NativeKernels):
         self.panels = pack_panels(weight)
         self.bias = None if bias is None else bias.to(torch.float32).contiguous()
         self.out_features = int(weight.shape[0])
@@ -115,38 +158,38 @@ class PanelLinear:
 
 
 def describe() -> str:
-    """Which fp32 GEMM the engine uses here, and why (for the start-up log)."""
+    """Whether fp32 models run on the native kernels here, and why not (for the start-up log)."""
     kernel, reason = _load()
     if kernel is not None:
-        return f"native AVX2 panel kernel ({kernel.path})"
-    return f"torch mm ({reason})"
+        return f"native AVX2 kernels ({kernel.path})"
+    return f"torch ops ({reason})"
 
 
-def panel_kernel() -> PanelKernel | None:
-    """The kernel, or None where it cannot run (the reason is logged once)."""
+def native_kernels() -> NativeKernels | None:
+    """The kernels, or None where they cannot run (the reason is logged once)."""
     return _load()[0]
 
 
 @functools.cache
-def _load() -> tuple[PanelKernel | None, str]:
+def _load() -> tuple[NativeKernels | None, str]:
     reason = _unsupported_reason()
     if reason:
         return None, reason
     try:
         path = _built_library()
         lib = ctypes.CDLL(str(path))
-        if lib.infertune_panel_sgemm_abi() != ABI:
-            raise OSError(f"{path} has ABI {lib.infertune_panel_sgemm_abi()}, want {ABI}")
-        return PanelKernel(lib, path), ""
+        if lib.infertune_kernels_abi() != ABI:
+            raise OSError(f"{path} has ABI {lib.infertune_kernels_abi()}, want {ABI}")
+        return NativeKernels(lib, path), ""
     except (OSError, subprocess.SubprocessError) as exc:
-        reason = f"panel kernel unavailable: {exc}"
-        log.warning("fp32 layers use torch mm: %s", reason)
+        reason = f"native kernels unavailable: {exc}"
+        log.warning("fp32 models use torch ops: %s", reason)
         return None, reason
 
 
 def _unsupported_reason() -> str:
-    if os.environ.get("INFERTUNE_NATIVE_GEMM", "1") == "0":
-        return "INFERTUNE_NATIVE_GEMM=0"
+    if os.environ.get("INFERTUNE_NATIVE_KERNELS", "1") == "0":
+        return "INFERTUNE_NATIVE_KERNELS=0"
     unsupported = _platform_reason()
     if unsupported:
         return unsupported
@@ -159,7 +202,9 @@ def _unsupported_reason() -> str:
 
 def _platform_reason() -> str:
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
-        return f"the kernel is x86-64 Linux only (this is {platform.system()} {platform.machine()})"
+        return (
+            f"the kernels are x86-64 Linux only (this is {platform.system()} {platform.machine()})"
+        )
     return ""
 
 
@@ -175,8 +220,8 @@ def _cpu_flags() -> set[str]:
 
 
 def _library_name() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(CFLAGS).encode()).hexdigest()[:16]
-    return f"panel_sgemm-{digest}.so"
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in SOURCES) + " ".join(CFLAGS).encode())
+    return f"infertune-kernels-{digest.hexdigest()[:16]}.so"
 
 
 def _built_library() -> Path:
@@ -196,13 +241,13 @@ def _built_library() -> Path:
 
 
 def build(directory: Path) -> Path:
-    """Compile the kernel into ``directory`` (atomically: concurrent builders never clash).
+    """Compile the kernels into ``directory`` (atomically: concurrent builders never clash).
 
-    With OpenMP where the compiler has it, else without (the kernel then runs on one thread).
+    With OpenMP where the compiler has it, else without (the kernels then run on one thread).
     """
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not compiler:
-        raise OSError("no C compiler found (set CC, or INFERTUNE_KERNEL_DIR to a prebuilt one)")
+        raise OSError("no C compiler found (set CC, or INFERTUNE_KERNEL_DIR to a prebuilt build)")
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / _library_name()
     fd, tmp = tempfile.mkstemp(dir=directory, suffix=".so.tmp")
@@ -211,7 +256,7 @@ def build(directory: Path) -> Path:
         errors = []
         for flags in ((*CFLAGS, OPENMP), CFLAGS):
             done = subprocess.run(
-                [compiler, *flags, "-o", tmp, str(SOURCE)],
+                [compiler, *flags, "-o", tmp, *map(str, SOURCES)],
                 capture_output=True,
                 text=True,
                 timeout=120,
@@ -219,7 +264,7 @@ def build(directory: Path) -> Path:
             )
             if done.returncode == 0:
                 os.replace(tmp, target)
-                log.info("built the fp32 panel kernel (%s): %s", " ".join(flags), target)
+                log.info("built the native kernels (%s): %s", " ".join(flags), target)
                 return target
             errors.append(done.stderr.strip()[-300:])
         raise OSError(f"{compiler} failed: {errors[-1]}")
@@ -228,8 +273,8 @@ def build(directory: Path) -> Path:
             os.unlink(tmp)
 
 
-if __name__ == "__main__":  # image builds: python -m infertune.engine.native_gemm DIR
+if __name__ == "__main__":  # image builds: python -m infertune.engine.kernels DIR
     import sys
 
     unsupported = _platform_reason()  # the build host's CPU flags do not matter, its ISA does
-    print(f"no panel kernel: {unsupported}" if unsupported else build(Path(sys.argv[1])))
+    print(f"no native kernels: {unsupported}" if unsupported else build(Path(sys.argv[1])))
