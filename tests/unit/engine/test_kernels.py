@@ -187,3 +187,19 @@ def test_decode_attention_reads_the_paged_cache_as_a_gathered_softmax_would(
     got = kernel.decode_attention(q, cache, tables, context, scale)
     expected = _reference_attention(q, cache, tables, context, scale)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@needs_kernel
+def test_inputs_that_do_not_fit_are_refused_before_native_code_runs() -> None:
+    kernel = native_kernels()
+    assert kernel is not None
+    panels = native_gemm.pack_panels(torch.randn(32, 64))
+    with pytest.raises(ValueError, match=r"panel matmul of torch.float32 \[2, 48\]"):
+        kernel.matmul(torch.randn(2, 48), panels, None)
+    with pytest.raises(ValueError, match="panel matmul init"):
+        kernel.matmul(torch.randn(2, 64), panels, torch.randn(3, 32))
+    cache = torch.randn(2, 2, 8, 4, 32)
+    q = torch.randn(1, 8, 32)
+    tables = torch.tensor([[0, 1]])
+    with pytest.raises(ValueError, match=r"lens \[9\]"):  # 9 tokens in 2 blocks of 4
+        kernel.decode_attention(q, cache, tables, torch.tensor([9]), 1.0)

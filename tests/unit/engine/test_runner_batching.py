@@ -115,3 +115,6 @@ def test_non_sampling_chunks_return_none_and_bad_tables_are_named() -> None:
     assert runner.execute([StepInput(0, [1, 5, 9], 0, [0], False, GREEDY)]) == [None]
     with pytest.raises(ValueError, match="block_table has 1 blocks"):
         runner.execute([StepInput(3, [1, 5, 9, 4, 2], 0, [0], True, GREEDY)])
+    runner.execute([StepInput(4, [1, 5, 9, 4], 0, [0], False, GREEDY)])
+    with pytest.raises(ValueError, match=r"block ids outside \[0, 8\): \[0, 8\]"):
+        runner.execute([StepInput(4, [7], 4, [0, 8], True, GREEDY)])  # a decode step

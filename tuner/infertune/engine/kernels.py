@@ -79,6 +79,15 @@ class NativeKernels:
             x = x.contiguous()
         rows, depth = x.shape
         num_panels = panels.shape[0]
+        # The C side trusts every shape and dtype: a mismatch here would be memory corruption.
+        if x.dtype != torch.float32 or depth != panels.shape[1] or x.device.type != "cpu":
+            raise ValueError(f"panel matmul of {x.dtype} {list(x.shape)} by {list(panels.shape)}")
+        if init is not None and (
+            init.dtype != torch.float32
+            or init.shape[-1] != num_panels * PANEL
+            or (init.dim() == 2 and init.shape[0] != rows)
+        ):
+            raise ValueError(f"panel matmul init {init.dtype} {list(init.shape)} for {rows} rows")
         out = torch.empty(rows, num_panels * PANEL, dtype=torch.float32)
         init_ptr, ldi = None, 0
         if init is not None:
@@ -112,8 +121,28 @@ class NativeKernels:
         if q.stride(2) != 1 or q.stride(1) != head_dim:
             q = q.contiguous()
         _, kv_heads, num_blocks, block_size, _ = layer_cache.shape
-        out = torch.empty(batch, heads, head_dim, dtype=torch.float32)
         longest = block_tables.shape[1] * block_size
+        # The C side trusts these (the runner has checked every block id against the cache).
+        if (
+            q.dtype != torch.float32
+            or layer_cache.dtype != torch.float32
+            or not layer_cache.is_contiguous()
+            or block_tables.dtype != torch.int64
+            or not block_tables.is_contiguous()
+            or context_lens.dtype != torch.int64
+            or not context_lens.is_contiguous()
+            or block_tables.shape[0] != batch
+            or context_lens.shape != (batch,)
+            or head_dim % 8
+            or heads % kv_heads
+            or int(context_lens.max()) > longest
+        ):
+            raise ValueError(
+                f"decode attention inputs do not fit: q {q.dtype} {list(q.shape)}, cache "
+                f"{list(layer_cache.shape)}, tables {list(block_tables.shape)}, "
+                f"lens {context_lens.tolist()}"
+            )
+        out = torch.empty(batch, heads, head_dim, dtype=torch.float32)
         ld_scratch = -(-longest // 8) * 8
         scratch = torch.empty(batch * heads * ld_scratch, dtype=torch.float32)
         parallel = int(batch >= 4 and torch.get_num_threads() > 1)

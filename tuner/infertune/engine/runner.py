@@ -244,6 +244,12 @@ class ModelRunner:
                 f"seq_id={step.seq_id}: block_table has {len(step.block_table)} blocks of "
                 f"{self.block_size}, too few for {end} positions"
             )
+        # The native attention kernel reads blocks by id without bounds checks.
+        if min(step.block_table) < 0 or max(step.block_table) >= self.num_kv_blocks:
+            raise ValueError(
+                f"seq_id={step.seq_id}: block_table holds block ids outside "
+                f"[0, {self.num_kv_blocks}): {step.block_table}"
+            )
 
     def _sample(
         self,

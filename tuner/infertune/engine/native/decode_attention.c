@@ -60,6 +60,11 @@ void infertune_decode_attention(
         const long *table = tables + b * ld_tables;
         const float *keys = cache + g * plane, *values = cache + (n_kv + g) * plane;
         const long n_blocks = (len + block_size - 1) / block_size;
+        if (len <= 0) { /* nothing cached: no attention (the runner never asks for this) */
+            for (long h = g * group; h < (g + 1) * group; ++h)
+                for (long d = 0; d < head_dim; ++d) out[(b * n_heads + h) * head_dim + d] = 0.f;
+            continue;
+        }
         for (long j = 0; j < group; ++j) {
             const long head = g * group + j;
             const float *qh = q + b * ldq + head * head_dim;
