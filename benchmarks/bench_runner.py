@@ -89,8 +89,9 @@ def gemm_rows(model_dir: Any) -> list[dict[str, Any]]:
         return [{"name": "fp32 panel kernel", "value": 0.0, "unit": "-", "note": describe()}]
     from infertune.engine.checkpoint import load_tensors
 
-    weights = [t for n, t in load_tensors(model_dir).items() if n.endswith("proj.weight")]
-    weights.append(load_tensors(model_dir)["lm_head.weight"])
+    tensors = load_tensors(model_dir)
+    weights = [t for n, t in tensors.items() if n.endswith("proj.weight")]
+    weights.append(tensors["lm_head.weight"])
     plain = [w.t().contiguous() for w in weights]
     panels = [pack_panels(w) for w in weights]
     previous = torch.get_num_threads()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from infertune.engine import kernels as native_gemm
+from infertune.engine import kernels
 from infertune.engine.kernels import PanelLinear, describe, native_kernels
 from infertune.engine.quant import PlainLinear, make_linear
 
@@ -77,7 +77,7 @@ def test_fp32_cpu_layers_take_the_panel_kernel_and_others_keep_torch_mm() -> Non
     assert isinstance(odd, PlainLinear)
     assert isinstance(make_linear(weight, None, quantization="bf16", device="cpu"), PlainLinear)
     with pytest.raises(ValueError, match="20 output features are not a multiple of 16"):
-        native_gemm.pack_panels(torch.randn(20, 32))
+        kernels.pack_panels(torch.randn(20, 32))
 
 
 def _describe_in_subprocess(env: dict[str, str]) -> str:
@@ -110,7 +110,7 @@ def test_without_a_working_compiler_fp32_models_stay_on_torch_ops(tmp_path: Path
 
 @needs_kernel
 def test_a_prebuilt_kernel_dir_serves_hosts_without_a_compiler(tmp_path: Path) -> None:
-    prebuilt = native_gemm.build(tmp_path / "prebuilt")
+    prebuilt = kernels.build(tmp_path / "prebuilt")
     # No compiler at all: only the prebuilt library can make the kernel available.
     env = {"CC": "false", "INFERTUNE_CACHE": str(tmp_path / "empty")}
     out = _describe_in_subprocess({**env, "INFERTUNE_KERNEL_DIR": str(prebuilt.parent)})
@@ -193,7 +193,7 @@ def test_decode_attention_reads_the_paged_cache_as_a_gathered_softmax_would(
 def test_inputs_that_do_not_fit_are_refused_before_native_code_runs() -> None:
     kernel = native_kernels()
     assert kernel is not None
-    panels = native_gemm.pack_panels(torch.randn(32, 64))
+    panels = kernels.pack_panels(torch.randn(32, 64))
     with pytest.raises(ValueError, match=r"panel matmul of torch.float32 \[2, 48\]"):
         kernel.matmul(torch.randn(2, 48), panels, None)
     with pytest.raises(ValueError, match="panel matmul init"):
