@@ -33,7 +33,7 @@ def main(extra: list[str]) -> None:
     model = ensure_model("tiny")
     with engine_server(model, *extra) as (url, _ready):
         core = int(
-            subprocess.check_output(["pgrep", "-f", "infertune.engine.engine_core"]).split()[0]
+            subprocess.check_output(["pgrep", "-f", "infertune.engine.core_process"]).split()[0]
         )
         server = int(
             subprocess.check_output(["pgrep", "-f", "infertune.engine.cli serve"]).split()[0]

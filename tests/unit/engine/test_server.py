@@ -306,7 +306,7 @@ def _core_pid(server_pid: int) -> int:
     return next(
         c
         for c in _children(server_pid)
-        if b"infertune.engine.engine_core" in Path(f"/proc/{c}/cmdline").read_bytes()
+        if b"infertune.engine.core_process" in Path(f"/proc/{c}/cmdline").read_bytes()
     )
 
 
@@ -359,6 +359,30 @@ def test_cli_errors_name_the_flag(tiny: Path) -> None:
     with pytest.raises(SystemExit, match="--gpu-memory-utilization applies to CUDA"):
         serve_main(["--model", str(tiny), "--gpu-memory-utilization", "0.5", "--device", "cpu"])
     assert serve_main(["--model", str(tiny), "--cuda-graph", "--device", "cpu"]) == 2
+
+
+def test_a_bad_model_path_is_named_and_leaves_no_engine_core_behind(tmp_path: Path) -> None:
+    """The engine core is spawned before the model path is checked (it imports torch while the
+    server starts): a serve that then fails must not leave it running."""
+    marker = f"INFERTUNE_TEST_MARK={tmp_path.name}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "infertune.engine.cli", "serve", "--model", str(tmp_path / "none")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=os.environ | {"INFERTUNE_TEST_MARK": tmp_path.name},
+    )
+    assert proc.returncode != 0
+    assert f"--model '{tmp_path / 'none'}' is neither a checkpoint directory" in proc.stderr
+
+    def ours(pid: str) -> bool:
+        try:
+            return marker.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile, or not ours to read
+            return False
+
+    left = [p for p in os.listdir("/proc") if p.isdigit() and ours(p)]
+    assert all(_gone(int(p)) for p in left), f"engine-core processes left behind: {left}"
 
 
 def test_incremental_detokenizer_streams_exactly_the_full_text(tiny: Path) -> None:

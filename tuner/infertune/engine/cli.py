@@ -6,7 +6,6 @@ torch is imported only inside :func:`serve_main` so that ``--help`` and argument
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import re
@@ -15,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from infertune.engine.core_process import spawn_core
 
 __all__ = ["build_serve_parser", "default_threads", "make_model_main", "parse_size", "serve_main"]
 
@@ -212,6 +213,7 @@ def build_runner(args: argparse.Namespace, model_dir: Path) -> Any:
 
     from infertune.engine.runner import ModelRunner
 
+    started = time.perf_counter()
     decode_threads = args.threads or default_threads()
     torch.set_num_threads(decode_threads)
     device = _device(args.device)
@@ -219,7 +221,7 @@ def build_runner(args: argparse.Namespace, model_dir: Path) -> Any:
         from infertune.engine.kernels import describe
 
         log.info("fp32 linear layers: %s", describe())
-    return ModelRunner(
+    runner = ModelRunner(
         model_dir,
         quantization=args.quantization,
         kv_block_size=args.kv_block_size,
@@ -231,6 +233,12 @@ def build_runner(args: argparse.Namespace, model_dir: Path) -> Any:
         int4_group_size=args.int4_group_size,
         threads=(decode_threads, args.prefill_threads or usable_cores()),
     )
+    log.info(
+        "engine core: model and %d-block KV cache built in %.2f s",
+        runner.num_kv_blocks,
+        time.perf_counter() - started,
+    )
+    return runner
 
 
 def serve_main(argv: list[str]) -> int:
@@ -248,28 +256,34 @@ def serve_main(argv: list[str]) -> int:
     explicit_cpu = args.device != "auto" and not args.device.startswith("cuda")
     if args.gpu_memory_utilization is not None and explicit_cpu:  # known before any process
         raise SystemExit(_gpu_utilization_on_cpu(args.device))
-    model_dir = _model_dir(args.model)
-    from infertune.engine.config import LlamaConfig
-    from infertune.engine.engine_core import RemoteEngine, RunnerStartError
+    # The engine-core process first: it imports torch (most of start-up), then loads the weights
+    # and warms up, while this one imports its own modules and starts the server.
+    core = spawn_core()
+    try:
+        model_dir = _model_dir(args.model)
+        from infertune.engine.config import LlamaConfig
+        from infertune.engine.engine_core import RemoteEngine, RunnerStartError
 
-    cfg = LlamaConfig.from_dir(model_dir)
-    max_model_len = min(
-        args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
-    )
-    # The engine-core process imports torch, loads the weights and warms up while this one
-    # starts the server.
-    engine = RemoteEngine(
-        "infertune.engine.cli:build_runner",
-        {"args": args, "model_dir": model_dir},
-        {
-            "max_num_seqs": args.max_num_seqs,
-            "max_num_batched_tokens": args.max_num_batched_tokens,
-            "max_model_len": max_model_len,
-            "eos_token_ids": cfg.eos_token_ids,
-            "max_waiting": args.max_waiting,
-        },
-        log_level=args.log_level,
-    )
+        cfg = LlamaConfig.from_dir(model_dir)
+        max_model_len = min(
+            args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
+        )
+        engine = RemoteEngine(
+            "infertune.engine.cli:build_runner",
+            {"args": args, "model_dir": model_dir},
+            {
+                "max_num_seqs": args.max_num_seqs,
+                "max_num_batched_tokens": args.max_num_batched_tokens,
+                "max_model_len": max_model_len,
+                "eos_token_ids": cfg.eos_token_ids,
+                "max_waiting": args.max_waiting,
+            },
+            log_level=args.log_level,
+            core=core,
+        )
+    except BaseException:  # a bad --model or config: the core has nothing to run
+        core.kill()
+        raise
     try:
         return _serve_with(engine, args, model_dir, started)
     except RunnerStartError as exc:  # a knob this setup cannot run, named by the message
@@ -280,6 +294,8 @@ def serve_main(argv: list[str]) -> int:
 
 
 def _serve_with(engine: Any, args: argparse.Namespace, model_dir: Path, started: float) -> int:
+    import asyncio  # here, not at the top: the engine core is spawned before the heavier imports
+
     from tokenizers import Tokenizer
 
     from infertune.engine.server import EngineServer
@@ -308,6 +324,8 @@ def _serve_with(engine: Any, args: argparse.Namespace, model_dir: Path, started:
 
 
 async def _serve(server: Any, host: str, port: int) -> None:
+    import asyncio
+
     from infertune.engine.server import start_server
 
     stop = asyncio.Event()

@@ -15,18 +15,17 @@ before the runner could go on. So, as vLLM V1's EngineCore, the whole loop of
 time, and each step's tokens (with the gauges for /metrics) go up in one message that the
 server's receiver thread hands to the event loop.
 
-The child is a fresh interpreter (``python -m infertune.engine.engine_core``: CUDA- and
-OpenMP-safe); it builds the runner and warms it up while the parent starts its server, and
-exits when the pipe closes. If the child dies, the server process ends by the same signal (or
-exit code): a supervisor (a trial, a kubelet) sees what killed the engine, as when both were
-one process.
+The child is a fresh interpreter (``python -m infertune.engine.core_process``: CUDA- and
+OpenMP-safe); it imports torch at once, then builds the runner and warms it up while the parent
+starts its server, and exits when the pipe closes. If the child dies, the server process ends by
+the same signal (or exit code): a supervisor (a trial, a kubelet) sees what killed the engine, as
+when both were one process.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import importlib
 import itertools
 import logging
@@ -36,11 +35,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, NoReturn
 
 from infertune.engine.block_manager import BlockManager
+from infertune.engine.core_process import CoreProcess, spawn_core
 from infertune.engine.engine import (
     Engine,
     EngineFrontend,
@@ -51,8 +52,6 @@ from infertune.engine.engine import (
 from infertune.engine.scheduler import Scheduler, Sequence
 
 log = logging.getLogger(__name__)
-
-_PR_SET_PDEATHSIG = 1
 
 
 class RunnerStartError(RuntimeError):
@@ -77,23 +76,18 @@ class RemoteEngine(EngineFrontend):
         kwargs: dict[str, Any],
         engine_kwargs: dict[str, Any],
         log_level: str = "WARNING",
+        core: CoreProcess | None = None,
     ) -> None:
         """``build`` names ``module:function``; ``function(**kwargs)`` runs in the child and
         returns the runner (by name: the server's own module may be ``__main__``).
-        ``engine_kwargs`` are :class:`Engine`'s settings (``max_model_len``, ``max_num_seqs``...)."""
+        ``engine_kwargs`` are :class:`Engine`'s settings (``max_model_len``, ``max_num_seqs``...).
+        ``core``: a process :func:`spawn_core` started earlier (it has been importing torch)."""
         self.max_model_len = int(engine_kwargs["max_model_len"])
         self.max_waiting = int(engine_kwargs.get("max_waiting", 512))
         self.eos_token_ids = frozenset(engine_kwargs.get("eos_token_ids", ()))
         self.stats = EngineStats()
-        # A plain child process over a socket pair, not multiprocessing's spawn: that also
-        # starts a resource-tracker process (which outlives a killed server by a moment and
-        # ignores SIGTERM) and shows the runner in `ps` as `spawn_main`.
-        ours, theirs = socket.socketpair()
-        with theirs:
-            self._proc = subprocess.Popen(
-                [sys.executable, "-m", "infertune.engine.engine_core", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-            )
+        core = core or spawn_core()
+        self._proc, ours = core.proc, core.sock
         # Kept to shut the socket down on close: closing the fd alone neither wakes the
         # receiver thread blocked in recv() on it nor lets the child see EOF (the blocked call
         # holds the socket open), so shutdown waited out close()'s 10 s timeout.
@@ -256,13 +250,19 @@ def _put_each(batch: list[tuple[asyncio.Queue[TokenEvent], TokenEvent]]) -> None
         queue.put_nowait(event)
 
 
-def _child_main(conn: Connection) -> None:
-    _die_with_parent()
+def _child_main(conn: Connection, torch_import_s: float) -> None:
+    """The engine-core process, after ``core_process``'s entry set PDEATHSIG and imported torch."""
+    imported = time.perf_counter()
     try:
         build, kwargs, engine_kwargs, log_level = conn.recv()
     except (EOFError, OSError):  # the server died before it sent the recipe
         return
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    log.info(
+        "engine core: torch imported in %.2f s; the recipe came %.2f s after that",
+        torch_import_s,
+        time.perf_counter() - imported,
+    )
     module, _, name = build.partition(":")
     # The server decides when to stop (Ctrl-C or SIGTERM to the process group): it finishes
     # its shutdown and then closes the pipe, which ends this loop. A parent that dies without
@@ -299,21 +299,3 @@ def _child_main(conn: Connection) -> None:
                 engine.abort(message[1])
     finally:
         engine.stop()
-
-
-def _die_with_parent() -> None:
-    """Ask Linux to SIGKILL this process when its parent dies (even by SIGKILL)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the closed pipe still ends the child
-        return
-    if os.getppid() == 1:  # the parent already died before the request took effect
-        os._exit(1)
-
-
-if __name__ == "__main__":  # the engine-core process: `python -m infertune.engine.engine_core FD`
-    # Through the module's real name, so what it pickles (RunnerInfo) is not `__main__.*`.
-    from infertune.engine import engine_core
-
-    engine_core._child_main(Connection(int(sys.argv[1])))
