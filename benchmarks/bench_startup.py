@@ -8,6 +8,7 @@ table gives the medians and what start-up costs beyond the core's own torch impo
 the core's log line): the engine's share, which the project can change.
 
     .venv/bin/python benchmarks/bench_startup.py
+    BENCH_ENGINE_QUICK=1 ...   # 2 rounds instead of 5
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import sys
 import time
 from typing import Any
 
+from bench_engine import _row
 from infertune.engine.make_model import ensure_model
 
 ROUNDS = 2 if os.environ.get("BENCH_ENGINE_QUICK") else 5
@@ -57,11 +59,6 @@ def serve_start(model: str) -> tuple[float, float]:
     if torch_s is None:
         raise RuntimeError("the engine core did not log its torch import time")
     return ready, torch_s
-
-
-def _row(name: str, value: float, unit: str, note: str = "") -> dict[str, Any]:
-    print(f"   {name}: {value:.3g} {unit} {note}", file=sys.stderr, flush=True)  # progress
-    return {"name": name, "value": round(value, 3), "unit": unit, "note": note}
 
 
 def run() -> list[dict[str, Any]]:

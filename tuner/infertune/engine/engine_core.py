@@ -252,16 +252,16 @@ def _put_each(batch: list[tuple[asyncio.Queue[TokenEvent], TokenEvent]]) -> None
 
 def _child_main(conn: Connection, torch_import_s: float) -> None:
     """The engine-core process, after ``core_process``'s entry set PDEATHSIG and imported torch."""
-    imported = time.perf_counter()
+    waiting = time.perf_counter()
     try:
         build, kwargs, engine_kwargs, log_level = conn.recv()
     except (EOFError, OSError):  # the server died before it sent the recipe
         return
     logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     log.info(
-        "engine core: torch imported in %.2f s; the recipe came %.2f s after that",
+        "engine core: torch imported in %.2f s; then waited %.2f s for the server's recipe",
         torch_import_s,
-        time.perf_counter() - imported,
+        time.perf_counter() - waiting,
     )
     module, _, name = build.partition(":")
     # The server decides when to stop (Ctrl-C or SIGTERM to the process group): it finishes
