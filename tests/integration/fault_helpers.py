@@ -1,6 +1,7 @@
 """Fault injection for the fault tests: find a pod's processes, kill or freeze them, cap their
 memory with a real cgroup limit, kill the operator, and an HTTP proxy between the operator and the
-API server that throttles (429) or forces real write conflicts (409)."""
+API server that throttles (429), forces real write conflicts (409), answers 404 like a restarting
+API server, or cuts the responses in flight."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import ssl
 import threading
 import time
@@ -171,6 +173,16 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         fault = proxy.take(self.command, self.path, body)
         proxy.requests.append((time.monotonic(), self.command, self.path))
+        if fault is not None and fault.status == 404:
+            # What a restarted API server answers for a custom resource until its CRD informer
+            # has synced (kubernetes/kubernetes#71218): its mux's plain-text not-found page.
+            payload = b"404 page not found\n"
+            self.send_response(404)
+            self.send_header("Content-Type", "text/plain; charset=utf-8")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
         if fault is not None and fault.status != 409:
             payload = json.dumps({
                 "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fault.status,
@@ -204,10 +216,11 @@ class _Handler(BaseHTTPRequestHandler):
                 return
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            while chunk := resp.read1(65536):  # watches stream: pass each piece on at once
-                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                self.wfile.flush()
-            self.wfile.write(b"0\r\n\r\n")
+            with proxy.streaming(self.connection):
+                while chunk := resp.read1(65536):  # watches stream: pass each piece on at once
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
         except (OSError, http.client.HTTPException):
             self.close_connection = True
         finally:
@@ -233,6 +246,7 @@ class FaultProxy:
         self.faults = faults
         self.requests: list[tuple[float, str, str]] = []
         self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()  # client connections with a response in flight
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.proxy = self
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -248,6 +262,26 @@ class FaultProxy:
                     fault.injected.append(time.monotonic())
                     return fault
         return None
+
+    @contextlib.contextmanager
+    def streaming(self, sock: socket.socket) -> Iterator[None]:
+        with self._lock:
+            self._open.add(sock)
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._open.discard(sock)
+
+    def break_streams(self) -> int:
+        """Cut every response in flight (the operator's watches) like an API server's crash does;
+        the clients' next requests meet the faults. Returns how many were cut."""
+        with self._lock:
+            cut = list(self._open)
+        for sock in cut:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        return len(cut)
 
     def start(self) -> FaultProxy:
         self._thread.start()

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import kopf
 
 from infertune.operator.handlers import build_registry, kopf_settings
+from infertune.operator.resilient_watch import WatchGaveUpError, install
 from infertune.operator.settings import parse_settings
 
 
@@ -38,6 +39,7 @@ def operator_main(argv: Sequence[str]) -> int:
         if settings.health_port is not None
         else None
     )
+    install()  # watches ride out an API server's restart instead of ending the operator
     try:
         asyncio.run(
             kopf.operator(
@@ -56,4 +58,7 @@ def operator_main(argv: Sequence[str]) -> int:
         )
     except KeyboardInterrupt:
         return 0
+    except WatchGaveUpError as exc:
+        logging.getLogger("infertune.operator").error("operator stopped: %s", exc)
+        return 1
     return 0
