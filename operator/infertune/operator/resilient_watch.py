@@ -14,7 +14,7 @@ does not heal still ends the operator, with what to fix: 401/403 at once, a 404 
 lasted longer than `give_up_after_s` (the CRD was never installed, the API server is gone).
 
 kopf exposes neither its watch nor its API errors publicly; `install()` checks that the function it
-wraps is still there and has the signature it expects, and fails loudly otherwise.
+wraps is still there with the signature it expects, and says so when it is not.
 """
 
 from __future__ import annotations
@@ -120,20 +120,26 @@ def tolerant(
     return tolerant_watch
 
 
-def install(backoff: Backoff = Backoff()) -> None:
-    """Wrap kopf's list-then-watch stream once per process (before kopf.operator starts)."""
+def install(backoff: Backoff = Backoff()) -> bool:
+    """Wrap kopf's list-then-watch stream once per process (before kopf.operator starts).
+    A kopf whose stream is not the one expected is left as it is, with a warning: the operator
+    still runs, it only ends on such a 404 again. Returns whether the wrapper is in place."""
     current = getattr(watching, "continuous_watch", None)
     if getattr(current, "infertune_tolerant", False):
-        return
-    if current is None or not inspect.isasyncgenfunction(current):
-        raise RuntimeError(
-            "kopf._cogs.clients.watching.continuous_watch is missing or changed: this kopf "
-            "version is not one the operator supports (see pyproject.toml)"
+        return True
+    parameters = (
+        tuple(inspect.signature(current).parameters)
+        if current is not None and inspect.isasyncgenfunction(current)
+        else None
+    )
+    if current is None or parameters != _EXPECTED_PARAMETERS:
+        log.warning(
+            "kopf's continuous_watch is missing or takes %s, not %s: this kopf version is not "
+            "one the operator was tested with (see pyproject.toml), so a watch answered 404 "
+            "while the API server restarts will end the operator (its pod restarts it)",
+            parameters,
+            _EXPECTED_PARAMETERS,
         )
-    parameters = tuple(inspect.signature(current).parameters)
-    if parameters != _EXPECTED_PARAMETERS:
-        raise RuntimeError(
-            f"kopf's continuous_watch takes {parameters}, not {_EXPECTED_PARAMETERS}: this kopf "
-            "version is not one the operator supports (see pyproject.toml)"
-        )
+        return False
     watching.continuous_watch = tolerant(current, backoff)
+    return True
