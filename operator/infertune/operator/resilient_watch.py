@@ -20,6 +20,7 @@ wraps is still there with the signature it expects, and says so when it is not.
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import inspect
 import logging
 import time
@@ -34,6 +35,14 @@ log = logging.getLogger("infertune.operator")
 
 TRANSIENT_STATUSES = frozenset({404, 500, 502, 503, 504})
 _EXPECTED_PARAMETERS = ("settings", "resource", "namespace", "operator_pause_waiter")
+TESTED_KOPF = "1.45"  # the watch wrapped here is kopf's, as of this release
+
+
+def _kopf_version() -> str:
+    try:
+        return importlib.metadata.version("kopf")
+    except importlib.metadata.PackageNotFoundError:
+        return "(unknown version)"
 
 
 @dataclass(frozen=True)
@@ -134,11 +143,13 @@ def install(backoff: Backoff = Backoff()) -> bool:
     )
     if current is None or parameters != _EXPECTED_PARAMETERS:
         log.warning(
-            "kopf's continuous_watch is missing or takes %s, not %s: this kopf version is not "
-            "one the operator was tested with (see pyproject.toml), so a watch answered 404 "
-            "while the API server restarts will end the operator (its pod restarts it)",
+            "kopf %s's continuous_watch is missing or takes %s, not %s: this kopf is not one "
+            "the operator was tested with (kopf %s), so a watch answered 404 while the API "
+            "server restarts will end the operator (its pod restarts it)",
+            _kopf_version(),
             parameters,
             _EXPECTED_PARAMETERS,
+            TESTED_KOPF,
         )
         return False
     watching.continuous_watch = tolerant(current, backoff)
