@@ -1,7 +1,8 @@
 """The only module that touches the Kubernetes client. Raw JSON in and out (builders produce API
 dicts already), calls run in a worker thread, and API errors become kopf's retry semantics:
 409 -> TemporaryError(delay), 429 -> TemporaryError(Retry-After), 404 on reads -> None, and an
-unreachable API server (refused, reset, timed out) -> TemporaryError(delay=UNREACHABLE_DELAY_S)."""
+unreachable API server (refused, reset, timed out) or a path it does not serve yet (a 404 that is
+not a Status: just restarted) -> TemporaryError(delay=UNREACHABLE_DELAY_S)."""
 
 from __future__ import annotations
 
@@ -40,10 +41,15 @@ UNREACHABLE_DELAY_S = 5.0
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, unserved: bool = False) -> None:
         super().__init__(f"HTTP {status}: {message}")
         self.status = status
         self.message = message
+        # A 404 without a Status object: no handler serves the path at all. An object that does
+        # not exist is answered with a Status (reason NotFound); a path nobody serves, with the
+        # mux's plain "404 page not found", which a restarted API server says for a custom
+        # resource until it has loaded the CRD again (kubernetes/kubernetes#71218).
+        self.unserved = unserved
 
 
 def build_api_client(kubeconfig: str | None = None) -> Any:
@@ -117,9 +123,12 @@ class Kube:
         data = resp.read()
         if resp.status >= 300:
             text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+            status_object = False
             with contextlib.suppress(ValueError, AttributeError):
-                text = json.loads(text).get("message", text)
-            err = ApiError(resp.status, text)
+                decoded = json.loads(text)
+                status_object = decoded.get("kind") == "Status"
+                text = decoded.get("message", text)
+            err = ApiError(resp.status, text.strip(), unserved=not status_object)
             err.retry_after = resp.getheader("Retry-After")  # type: ignore[attr-defined]
             raise err
         return json.loads(data) if data else None
@@ -208,6 +217,12 @@ class Kube:
 
 def _retryable(err: ApiError, what: str) -> Exception:
     """Map API errors onto kopf's retry semantics (reads keep their 404 for the caller)."""
+    if err.status == 404 and err.unserved:  # not "no such object": the path is not served yet
+        return kopf.TemporaryError(
+            f"{what}: the API server does not serve it ({err.message}): restarting, or the CRD "
+            "is missing; retrying",
+            delay=UNREACHABLE_DELAY_S,
+        )
     if err.status == 404 or (err.status == 409 and what.startswith("create")):
         return err
     if err.status == 409:

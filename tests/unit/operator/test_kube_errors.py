@@ -19,18 +19,20 @@ from infertune.operator.k8s import UNREACHABLE_DELAY_S, Kube
 
 
 class _Scripted(BaseHTTPRequestHandler):
-    """Answers every request with the status (and headers) named by the server's `reply`."""
+    """Answers every request with the status (and headers) named by the server's `reply`: a Status
+    object, or the raw text given as its third item."""
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         if length:
             self.rfile.read(length)
-        status, headers = self.server.reply  # type: ignore[attr-defined]
-        body = json.dumps({"kind": "Status", "message": f"scripted {status}"}).encode()
+        status, headers, *raw = self.server.reply  # type: ignore[attr-defined]
+        body = raw[0] if raw else json.dumps({"kind": "Status", "message": f"scripted {status}"})
+        body = body.encode()
         self.send_response(status)
         for key, value in headers.items():
             self.send_header(key, value)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", "text/plain" if raw else "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -105,3 +107,21 @@ def test_definite_answers_stay_answers(server: ThreadingHTTPServer) -> None:
     with pytest.raises(Exception, match="HTTP 422: scripted 422") as err:
         asyncio.run(kube.create(_job()))
     assert not isinstance(err.value, kopf.TemporaryError)  # a rejected object is not retried
+
+
+def test_a_path_the_api_server_does_not_serve_yet_is_retried_not_taken_as_gone(
+    server: ThreadingHTTPServer,
+) -> None:
+    """Just after a restart the API server answers a custom resource's paths with its mux's plain
+    "404 page not found" until it has loaded the CRD again: that is not "the object is gone"
+    (a read returning None would drop the object's work), it is a retry."""
+    kube = _kube(server.server_address[1])
+    server.reply = (404, {}, "404 page not found\n")  # type: ignore[attr-defined]
+    for call in (
+        kube.get("InferenceService", "ns", "demo"),
+        kube.delete("Job", "ns", "j"),
+        kube.patch_status("ns", "demo", {"observedGeneration": 1}, None),
+    ):
+        with pytest.raises(kopf.TemporaryError, match="does not serve it") as err:
+            asyncio.run(call)
+        assert err.value.delay == UNREACHABLE_DELAY_S
