@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,29 @@ def _peering(cluster: Any, api: Any) -> str:
 
 
 def _paused(op: OperatorProcess) -> bool:
-    return "Pausing operations in favour of" in op.log()
+    """By the last peering line kopf logged. The operator's peering is mandatory, so kopf starts
+    paused and says nothing when a peer with a higher priority is already there: a replica that
+    never logged "Resuming" is paused (only one that was active first logs "Pausing ...")."""
+    paused = True
+    for line in op.log().splitlines():
+        if "Resuming operations after the pause" in line:
+            paused = False
+        elif "Pausing operations in favour of" in line or "Pausing all operators" in line:
+            paused = True
+    return paused
+
+
+def _settled(ops: list[OperatorProcess], peers: Any) -> list[bool] | None:
+    """Which replicas are paused, once both keep-alives are in the peering record and exactly
+    one replica is active for 5 s running (kopf reacts to a new peer within a second or two;
+    before the second replica has read the record it is paused whatever its priority)."""
+    if len(peers() or {}) < len(ops):
+        return None
+    first = [_paused(op) for op in ops]
+    if sum(first) != len(ops) - 1:
+        return None
+    time.sleep(5)
+    return first if [_paused(op) for op in ops] == first else None
 
 
 def test_the_standby_replica_takes_over_when_the_active_one_dies(
@@ -62,8 +85,14 @@ def test_the_standby_replica_takes_over_when_the_active_one_dies(
     ]
     try:
         # Each picks a random priority: the lower one pauses in favour of the other.
+        def peers() -> Any:
+            record = client.CustomObjectsApi(api).get_cluster_custom_object(
+                "kopf.dev", "v1", "clusterkopfpeerings", peering
+            )
+            return record.get("status")
+
         try:
-            wait_for(lambda: sum(map(_paused, ops)) == 1 or None, "one replica paused", timeout=120)
+            paused = wait_for(lambda: _settled(ops, peers), "one replica paused", timeout=120)
         except AssertionError as exc:
             # Which replicas wrote a keep-alive, with what priority and when, tells a replica
             # that never reached its peering loop from two that could not agree.
@@ -72,8 +101,8 @@ def test_the_standby_replica_takes_over_when_the_active_one_dies(
             )
             logs = "\n".join(f"--- op{i}\n{op.log()[-3000:]}" for i, op in enumerate(ops))
             raise AssertionError(f"{exc}\npeers: {record.get('status')}\n{logs}") from None
-        standby = next(op for op in ops if _paused(op))
-        active = next(op for op in ops if not _paused(op))
+        standby = ops[paused.index(True)]
+        active = ops[paused.index(False)]
 
         apply(cluster, namespace, demo("peer-a"), tmp_path)
         wait_for(lambda: jobs(api, namespace, "peer-a"), "Job from the active replica", timeout=60)
