@@ -72,14 +72,19 @@ def _requests(concurrency: int) -> int:
 
 @contextlib.contextmanager
 def engine_server(
-    model_dir: Path, *extra: str, timeout: float = 120.0, env: dict[str, str] | None = None
+    model_dir: Path,
+    *extra: str,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    stderr: Any = None,
 ) -> Iterator[tuple[str, float]]:
-    """``infertune serve`` in a subprocess; yields (url, seconds from spawn to the ready line)."""
+    """``infertune serve`` in a subprocess; yields (url, seconds from spawn to the ready line).
+    ``stderr``: where its log (and its engine core's) goes; inherited when None."""
     cmd = [sys.executable, "-m", "infertune.engine.cli", "serve", "--model", str(model_dir)]
     cmd += ["--port", "0", "--kv-cache-memory", "256MiB", *extra]
     start = time.perf_counter()
     proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, **(env or {})}
+        cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, **(env or {})}
     )
     lines: queue.Queue[str] = queue.Queue()
     assert proc.stdout is not None

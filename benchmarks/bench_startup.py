@@ -18,10 +18,11 @@ import re
 import statistics
 import subprocess
 import sys
-import time
+import tempfile
+from pathlib import Path
 from typing import Any
 
-from bench_engine import _row
+from bench_engine import _row, engine_server
 from infertune.engine.make_model import ensure_model
 
 ROUNDS = 2 if os.environ.get("BENCH_ENGINE_QUICK") else 5
@@ -36,33 +37,21 @@ def import_torch_seconds() -> float:
     return float(out.stdout.strip())
 
 
-def serve_start(model: str) -> tuple[float, float]:
+def serve_start(model: Path) -> tuple[float, float]:
     """(spawn to ready, the core's own import torch) for one ``infertune serve`` start."""
-    cmd = [sys.executable, "-m", "infertune.engine.cli", "serve", "--model", model]
-    cmd += ["--port", "0", "--kv-cache-memory", "256MiB", "--log-level", "info"]
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert proc.stdout is not None
-    torch_s = None
-    try:
-        for line in proc.stdout:
-            if found := TORCH_LINE.search(line):
-                torch_s = float(found.group(1))
-            if "ready on" in line:
-                ready = time.perf_counter() - start
-                break
-        else:
-            raise RuntimeError(f"infertune serve exited ({proc.wait()}) before it was ready")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-    if torch_s is None:
+    with (
+        tempfile.TemporaryFile("w+") as log,
+        engine_server(model, "--log-level", "info", stderr=log) as (_url, ready),
+    ):
+        log.seek(0)  # the core logs its import before it builds the model, so before ready
+        found = TORCH_LINE.search(log.read())
+    if found is None:
         raise RuntimeError("the engine core did not log its torch import time")
-    return ready, torch_s
+    return ready, float(found.group(1))
 
 
 def run() -> list[dict[str, Any]]:
-    model = str(ensure_model("tiny"))
+    model = ensure_model("tiny")
     alone, ready, beyond = [], [], []
     for _ in range(ROUNDS):
         alone.append(import_torch_seconds())

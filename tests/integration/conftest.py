@@ -83,3 +83,13 @@ def namespace(cluster: devcluster.Cluster) -> Iterator[str]:
     cluster.create_namespace(name)
     yield name
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture
+def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Tuning pods of fault_fake_cli.py (they inherit this process's environment) wait until
+    `gate/release` exists: "mid-tuning" lasts as long as a fault test needs."""
+    path = tmp_path / "gate"
+    path.mkdir()
+    monkeypatch.setenv("INFERTUNE_FAULT_GATE", str(path))
+    return path

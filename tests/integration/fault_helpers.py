@@ -173,25 +173,22 @@ class _Handler(BaseHTTPRequestHandler):
         body = self.rfile.read(length) if length else None
         fault = proxy.take(self.command, self.path, body)
         proxy.requests.append((time.monotonic(), self.command, self.path))
-        if fault is not None and fault.status == 404:
-            # What a restarted API server answers for a custom resource until its CRD informer
-            # has synced (kubernetes/kubernetes#71218): its mux's plain-text not-found page.
-            payload = b"404 page not found\n"
-            self.send_response(404)
-            self.send_header("Content-Type", "text/plain; charset=utf-8")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-            return
         if fault is not None and fault.status != 409:
-            payload = json.dumps({
-                "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fault.status,
-                "reason": "TooManyRequests", "message": "Too many requests, please try again later.",
-                "details": {"retryAfterSeconds": int(float(fault.retry_after))},
-            }).encode()  # fmt: skip
+            if fault.status == 404:
+                # What a restarted API server answers for a custom resource until its CRD
+                # informer has synced (kubernetes/kubernetes#71218): its mux's plain-text page.
+                payload, content_type = b"404 page not found\n", "text/plain; charset=utf-8"
+            else:
+                payload = json.dumps({
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": fault.status,
+                    "reason": "TooManyRequests", "message": "Too many requests, please try again later.",
+                    "details": {"retryAfterSeconds": int(float(fault.retry_after))},
+                }).encode()  # fmt: skip
+                content_type = "application/json"
             self.send_response(fault.status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Retry-After", fault.retry_after)
+            self.send_header("Content-Type", content_type)
+            if fault.status != 404:
+                self.send_header("Retry-After", fault.retry_after)
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)

@@ -45,15 +45,6 @@ HARDWARE = {
 }
 
 
-@pytest.fixture
-def gate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """Tuning pods (they inherit this process's environment) wait until `gate/release` exists."""
-    path = tmp_path / "gate"
-    path.mkdir()
-    monkeypatch.setenv("INFERTUNE_FAULT_GATE", str(path))
-    return path
-
-
 def release(gate: Path) -> None:
     (gate / "release").touch()
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fault_helpers import Fault, FaultProxy
 from operator_harness import PLURAL, explained, wait_for
-from test_faults_operator import HARDWARE, gate, operator_for  # noqa: F401 (gate is a fixture)
+from test_faults_operator import HARDWARE, operator_for
 from test_operator_flow import apply, demo, jobs
 
 pytestmark = pytest.mark.cluster
