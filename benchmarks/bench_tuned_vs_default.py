@@ -33,8 +33,8 @@ from infertune.tuner.api import TuningSpec
 from infertune.tuner.api.load import load_tuning_spec
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.hardware import discover
+from infertune.tuner.models import resolve_model
 from infertune.tuner.trial import Measurement, TrialRunner
-from infertune.tuner.tune import resolve_model
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT = ROOT / "reports/demo/result.json"

@@ -9,16 +9,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import optuna
 from optuna.trial import TrialState
 
 from infertune.engine.config import LlamaConfig
-from infertune.tuner.api import ModelSource, TuningSpec
+from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.hardware import Hardware, discover
 from infertune.tuner.modelprofile import ModelProfile
+from infertune.tuner.models import resolve_model
 from infertune.tuner.planning import SeedPlanner, prune_by_roofline
 from infertune.tuner.quality import QualityResult
 from infertune.tuner.result import TrialRecord, TuningResult, binding_constraint
@@ -50,30 +50,6 @@ class TuneOptions:
     progress: ProgressFn | None = None
     log: Callable[[str], None] = print
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-def resolve_model(source: ModelSource) -> Path:
-    """A local checkpoint directory for the spec's model URI."""
-    parsed = urlparse(source.uri)
-    if source.scheme == "builtin":
-        from infertune.engine.make_model import ensure_model
-
-        return ensure_model(parsed.netloc)
-    if source.scheme == "file":
-        path = Path(parsed.path if parsed.scheme else source.uri)
-        if not path.exists():
-            raise ValueError(f"model.uri {source.uri!r}: {path} does not exist")
-        return path
-    # pvc:// is mounted by the operator's Job at /models/<claim>/...; hf:// needs a download step.
-    if source.scheme == "pvc":
-        path = Path("/models") / parsed.netloc / parsed.path.lstrip("/")
-        if path.exists():
-            return path
-        raise ValueError(f"model.uri {source.uri!r}: expected the claim mounted at {path}")
-    raise ValueError(
-        f"model.uri {source.uri!r}: scheme {source.scheme!r} cannot be tuned standalone; "
-        "use builtin://, file:// or a path"
-    )
 
 
 class QualityCache:

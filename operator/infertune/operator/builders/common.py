@@ -8,6 +8,7 @@ from urllib.parse import urlparse
 
 from infertune.operator.api import API_VERSION, KIND, InferenceService
 from infertune.operator.hashing import digest
+from infertune.tuner.models import claim_mount, pod_path
 
 Obj = dict[str, Any]
 
@@ -22,7 +23,6 @@ ANN_SPEC = "infertune.dev/spec-hash"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
 NONROOT_UID = 65532
-MODELS_ROOT = "/mnt/models"
 
 
 def child_name(base: str, suffix: str, limit: int = 63) -> str:
@@ -112,24 +112,20 @@ def model_location(uri: str) -> tuple[str, list[Obj], list[Obj]]:
     """Where the pod sees the model, plus the volume and mount that put it there.
 
     pvc://CLAIM/sub -> the claim mounted read-only under /mnt/models/CLAIM; file:///dir -> the node's
-    directory (hostPath) at the same path; hf:// and builtin:// need no volume.
+    directory (hostPath) at the same path; hf:// and builtin:// need no volume. The paths come from
+    infertune.tuner.models, the rules the tuner resolves the same URI with.
     """
+    path = pod_path(uri)
+    if path is None:
+        return uri, [], []
     parsed = urlparse(uri)
-    scheme = parsed.scheme or "file"
-    if scheme == "pvc":
+    if parsed.scheme == "pvc":
         claim = parsed.netloc
-        mount = f"{MODELS_ROOT}/{claim}"
+        mount = claim_mount(claim)
         vol = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        return (
-            mount + parsed.path.rstrip("/"),
-            [vol],
-            [{"name": "model", "mountPath": mount, "readOnly": True}],
-        )
-    if scheme == "file":
-        path = parsed.path
-        vol = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
-        return path, [vol], [{"name": "model", "mountPath": path, "readOnly": True}]
-    return uri, [], []
+        return path, [vol], [{"name": "model", "mountPath": mount, "readOnly": True}]
+    vol = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
+    return path, [vol], [{"name": "model", "mountPath": path, "readOnly": True}]
 
 
 def placement(isvc: InferenceService, gpu_product: str | None = None) -> Obj:

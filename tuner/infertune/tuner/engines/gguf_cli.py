@@ -18,7 +18,7 @@ from pathlib import Path
 from infertune.tuner.api import ModelSource
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines.llamacpp import GGUF_PRECISIONS, LlamaCppAdapter
-from infertune.tuner.tune import resolve_model
+from infertune.tuner.models import resolve_model
 
 
 def build_parser() -> argparse.ArgumentParser:
