@@ -18,9 +18,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from infertune.testing.scripted_server import boosted_priority, start_process, stop_process
 from infertune.tuner.api import TrafficProfile
 from infertune.tuner.loadgen import LoadResult, run_load
-from infertune.tuner.loadgen.scripted_server import boosted_priority, start_process, stop_process
 
 TARGET_RATE = 1000.0
 ADDED_TTFT_LIMIT_MS = 1.0

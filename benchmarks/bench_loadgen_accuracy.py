@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from infertune.testing import ground_truth as truth
+from infertune.testing.scripted_server import start_process, stop_process
 from infertune.tuner.loadgen import LoadResult, run_load_sync
-from infertune.tuner.loadgen import ground_truth as truth
 from infertune.tuner.loadgen.runner import Options
-from infertune.tuner.loadgen.scripted_server import start_process, stop_process
 
 MODES = (("kernel stamps", True), ("read-time stamps", False))
 

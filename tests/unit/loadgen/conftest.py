@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from loadgen_helpers import ServerFactory
 
-from infertune.tuner.loadgen.scripted_server import start_process, stop_process
+from infertune.testing.scripted_server import start_process, stop_process
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from infertune.tuner.loadgen.ground_truth import server_log
-from infertune.tuner.loadgen.scripted_server import boosted_priority
+from infertune.testing.ground_truth import server_log
+from infertune.testing.scripted_server import boosted_priority
 
 __all__ = ["ServerFactory", "boosted_priority", "server_log"]
 

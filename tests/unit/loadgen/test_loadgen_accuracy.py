@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from loadgen_helpers import ServerFactory
 
-from infertune.tuner.loadgen import run_load_sync
-from infertune.tuner.loadgen.ground_truth import (
+from infertune.testing.ground_truth import (
     ITL_MS,
     OUTPUT_TOKENS,
     REQUESTS,
@@ -24,7 +23,8 @@ from infertune.tuner.loadgen.ground_truth import (
     recorded_latencies,
     server_log,
 )
-from infertune.tuner.loadgen.scripted_server import boosted_priority
+from infertune.testing.scripted_server import boosted_priority
+from infertune.tuner.loadgen import run_load_sync
 
 
 def _script(first: int, n: int) -> dict[str, np.ndarray]:

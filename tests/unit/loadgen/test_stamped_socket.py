@@ -10,9 +10,9 @@ import time
 import pytest
 from loadgen_helpers import ServerFactory
 
+from infertune.testing.ground_truth import server_log
 from infertune.tuner.loadgen.client import Client, RequestRecord
 from infertune.tuner.loadgen.endpoint import Endpoint, encode_request
-from infertune.tuner.loadgen.ground_truth import server_log
 from infertune.tuner.loadgen.stamped_socket import StampedTransport, serve_stamped
 
 BUSY_S = 0.08

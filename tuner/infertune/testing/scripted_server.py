@@ -10,7 +10,7 @@ own benchmark. The `model` field selects a fault instead of tokens:
 - `disconnect`: two tokens, then the connection is dropped mid-stream;
 - `error-event`: one token, then an OpenAI-style `{"error": ...}` event.
 
-Run it as `python -m infertune.tuner.loadgen.scripted_server --port 0 --ttft-ms 20,40 --itl-ms 5`;
+Run it as `python -m infertune.testing.scripted_server --port 0 --ttft-ms 20,40 --itl-ms 5`;
 it prints `PORT <n>` once listening. Only for loopback testing.
 """
 
@@ -360,7 +360,7 @@ def start_process(
     cmd = [
         sys.executable,
         "-m",
-        "infertune.tuner.loadgen.scripted_server",
+        "infertune.testing.scripted_server",
         "--ttft-ms",
         ",".join(str(t) for t in ttft_ms),
         "--itl-ms",
