@@ -91,7 +91,7 @@ async def start(ctx: Ctx, config: ServingConfig) -> None:
     ctx.condition("Canary", "Unknown", "CanaryRunning", message)
     ctx.history("CanaryStarted", "Canary", message, config.config_hash)
     ctx.event("Normal", "CanaryStarted", message)
-    ctx.rt.scrapers.pop(canary_key(ctx), None)
+    ctx.rt.service(ctx.key).scrapers.pop(CANARY, None)
 
 
 async def finish(ctx: Ctx, judgement: Judgement) -> ServingConfig | None:
@@ -100,7 +100,7 @@ async def finish(ctx: Ctx, judgement: Judgement) -> ServingConfig | None:
     assert run is not None
     await ctx.rt.kube.delete("Deployment", ctx.isvc.namespace, deployment_name(ctx.isvc, CANARY))
     ctx.status.canary = None
-    ctx.rt.scrapers.pop(canary_key(ctx), None)
+    ctx.rt.service(ctx.key).scrapers.pop(CANARY, None)
     config = run.config
     if judgement.verdict == "promote":
         message = f"{describe(config)} promoted: {judgement.message}"
@@ -140,8 +140,3 @@ async def sync(ctx: Ctx) -> None:
         ),
     )
     ctx.status.canary = run.model_copy(update={"replicas": spec.replicas})
-
-
-def canary_key(ctx: Ctx) -> tuple[str, str]:
-    """The scraper slot of the canary's pods (separate from the stable track's)."""
-    return (ctx.isvc.namespace, f"{ctx.isvc.name}#{CANARY}")

@@ -9,10 +9,11 @@ from typing import Any
 from infertune.operator import canary
 from infertune.operator.api import Observation
 from infertune.operator.builders.deployment import deployment_name
-from infertune.operator.conditions import get_condition
+from infertune.operator.conditions import get_condition, parse_iso
 from infertune.operator.context import Ctx, InvalidSpecError, commit, load, log
 from infertune.operator.drift import (
     REASON_HARDWARE,
+    RetuneTimers,
     decide_retune,
     hardware_change,
     in_cooldown,
@@ -21,11 +22,17 @@ from infertune.operator.drift import (
     traffic_drift,
     tuned_traffic,
 )
-from infertune.operator.flows import epoch, roll_out, start_run
 from infertune.operator.monitor import Live, PrometheusError, Window, summarise
+from infertune.operator.rollout import roll_out
 from infertune.operator.runtime import Runtime
+from infertune.operator.tuning_run import start_run
 
 MATERIAL = 0.10  # relative change of a figure worth a status write (idle objects must stay quiet)
+
+
+def epoch(iso: str | None) -> float | None:
+    moment = parse_iso(iso)
+    return moment.timestamp() if moment else None
 
 
 def material_change(old: Observation | None, new: Observation) -> bool:
@@ -63,6 +70,7 @@ async def _from_prometheus(ctx: Ctx, interval: float, track: str) -> Window | No
     Prometheus cannot answer: the caller then reads the pods themselves."""
     rt, isvc = ctx.rt, ctx.isvc
     assert rt.prometheus is not None
+    service = rt.service(ctx.key)
     regex = f"{deployment_name(isvc, track)}-[a-z0-9]+-[a-z0-9]+"
     try:
         window = await rt.prometheus.window(isvc.namespace, regex, interval)
@@ -75,11 +83,12 @@ async def _from_prometheus(ctx: Ctx, interval: float, track: str) -> Window | No
             f"Prometheus at {rt.prometheus.url} did not answer ({exc}); "
             "reading the serving pods' /metrics directly",
         )
-        if rt.prometheus_down.get(ctx.key) != str(exc):
+        if service.prometheus_down != str(exc):
             log.warning("%s/%s: Prometheus unavailable (%s): scraping pods", *ctx.key, exc)
-        rt.prometheus_down[ctx.key] = str(exc)
+        service.prometheus_down = str(exc)
         return None
-    if rt.prometheus_down.pop(ctx.key, None) is not None:
+    if service.prometheus_down is not None:
+        service.prometheus_down = None
         log.info("%s/%s: Prometheus answers again", *ctx.key)
     ctx.condition("MetricsSource", "True", "Prometheus", f"PromQL on {rt.prometheus.url}")
     return window
@@ -98,8 +107,7 @@ async def _observe(
             return live, live, "prometheus"  # its windows span MIN_WINDOW_S already
     port = rt.settings.serving_port
     targets = {p["uid"]: f"http://{p['ip']}:{port}/metrics" for p in _serving_pods(pods, track)}
-    key = ctx.key if track == "stable" else canary.canary_key(ctx)
-    windows = await rt.scraper(key).windows(targets) if targets else None
+    windows = await rt.scraper(ctx.key, track).windows(targets) if targets else None
     if windows is None:
         return None, None, "scrape"
     slo = isvc.spec.slo
@@ -132,10 +140,11 @@ async def _check_canary(ctx: Ctx, pods: list[dict[str, Any]]) -> None:
 
 
 def due(rt: Runtime, key: tuple[str, str], interval: float, now: float) -> bool:
-    last = rt.last_check.get(key)
+    service = rt.service(key)
+    last = service.last_check
     if last is not None and now - last < interval - rt.settings.monitor_tick_s / 2:
         return False
-    rt.last_check[key] = now
+    service.last_check = now
     return True
 
 
@@ -151,21 +160,20 @@ async def check(
         return
     live, traffic, source = await _observe(ctx, pods)
     now = time.monotonic()
-    windows = rt.window(ctx.key)
+    service = rt.service(ctx.key)
+    timers = service.timers
     violating: list[str] = []
     if live is not None and traffic is not None:
         met, violating = slo_check(spec.slo, live.at_percentile)
         enough = traffic.requests >= rt.settings.min_requests_for_drift
-        if enough:
-            rt.traffic_seen[ctx.key] = (
-                traffic  # what a retune is given, even if the last window is thin
-            )
+        if enough:  # what a retune is given, even if the last window is thin
+            service.traffic_seen = traffic
         drift = (
             traffic_drift(tuned_traffic(st.live, spec.traffic), traffic.figures, spec.retune)
             if enough
             else None
         )
-        windows.update(now, violated=None if met is None else not met, drifted=drift)
+        timers.update(now, violated=None if met is None else not met, drifted=drift)
         if met is None:
             ctx.condition("SLOMet", "Unknown", "NoTraffic", "no requests in the last check window")
             rt.metrics.slo_checks.labels(*ctx.key, "no_traffic").inc()
@@ -200,16 +208,16 @@ async def check(
         return  # a run is already going; its result decides
     cooling = in_cooldown(epoch(st.last_retune_time), time.time(), float(spec.retune.cooldown))
     decision = decide_retune(
-        spec.retune, windows, now, violating=violating, hardware=hardware, in_cooldown_now=cooling
+        spec.retune, timers, now, violating=violating, hardware=hardware, in_cooldown_now=cooling
     )
     if decision.reason is not None and decision.cooldown:
-        if rt.cooldown_noted.get(ctx.key) != decision.reason:
-            rt.cooldown_noted[ctx.key] = decision.reason
+        if service.cooldown_noted != decision.reason:
+            service.cooldown_noted = decision.reason
             log.info("%s/%s: %s held back by the cooldown", *ctx.key, decision.reason)
     elif decision.reason is not None:
-        rt.cooldown_noted.pop(ctx.key, None)
+        service.cooldown_noted = None
         tuning = spec.tuning_spec()
-        recent = rt.traffic_seen.get(ctx.key)
+        recent = service.traffic_seen
         if recent is not None:
             shape = observed_traffic(
                 tuning.traffic, recent.figures, recent.prompt_p95, recent.output_p95
@@ -227,6 +235,5 @@ async def check(
         )
         ctx.history("RetuneTriggered", decision.reason, decision.message)
         await start_run(ctx, decision.reason, tuning, gpu_product=product)
-        rt.windows.pop(ctx.key, None)
-        rt.traffic_seen.pop(ctx.key, None)
+        service.timers, service.traffic_seen = RetuneTimers(), None
     await commit(ctx)

@@ -115,6 +115,18 @@ class InvalidSpecError(Exception):
         self.ctx = ctx
 
 
+async def load_owner(rt: Runtime, namespace: str, name: str) -> Ctx | None:
+    """The InferenceService a child's event (or a timer) is about, read fresh; None when it is gone
+    or its spec is invalid (the spec handlers report that, once)."""
+    body = await rt.kube.get("InferenceService", namespace, name)
+    if body is None:
+        return None
+    try:
+        return load(rt, body)
+    except InvalidSpecError:
+        return None
+
+
 async def commit(ctx: Ctx) -> bool:
     """Derive Ready/phase, write the status difference (if any), post the queued events."""
     st = ctx.status

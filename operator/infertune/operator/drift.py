@@ -35,7 +35,7 @@ def slo_check(slo: SLO, at_percentile: dict[str, float | None]) -> tuple[bool | 
 
 
 @dataclass
-class Windows:
+class RetuneTimers:
     """Since when a condition has held continuously (monotonic seconds); kept per service in memory."""
 
     violating_since: float | None = None
@@ -140,7 +140,7 @@ class Decision:
 
 def decide_retune(
     policy: RetunePolicy,
-    windows: Windows,
+    timers: RetuneTimers,
     now: float,
     *,
     violating: list[str],
@@ -160,13 +160,13 @@ def decide_retune(
     slo_held = (
         REASON_SLO in policy.triggers
         and bool(violating)
-        and windows.held(windows.violating_since, now, window)
+        and timers.held(timers.violating_since, now, window)
     )
     missed = "SLOs missed for the violation window: " + "; ".join(violating)
     if hardware and REASON_HARDWARE in policy.triggers:
         fired.append((REASON_HARDWARE, hardware))
-    if REASON_DRIFT in policy.triggers and windows.held(windows.drifting_since, now, window):
-        drift = "traffic drifted: " + "; ".join(windows.drift_detail)
+    if REASON_DRIFT in policy.triggers and timers.held(timers.drifting_since, now, window):
+        drift = "traffic drifted: " + "; ".join(timers.drift_detail)
         fired.append((REASON_DRIFT, f"{drift}; {missed}" if slo_held else drift))
     if slo_held:
         fired.append((REASON_SLO, missed))

@@ -1,5 +1,6 @@
 """kopf handlers, registered into a registry built from the operator's settings. They adapt kopf's
-calls (bodies, indices, memo) to flows.py and checking.py and hold the per-object lock."""
+calls (bodies, indices, memo) to the flows (reactions.py, tuning_run.py, rollout.py) and to
+checking.py, and hold the per-object lock."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from infertune.operator import checking, flows
+from infertune.operator import checking, reactions, rollout, tuning_run
 from infertune.operator.api import GROUP, PLURAL, VERSION
 from infertune.operator.builders.common import (
     GPU_PRODUCT_LABEL,
@@ -123,7 +124,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
     async def spec_handler(**kw: Any) -> None:
         rt, body = _rt(kw["memo"]), kw["body"]
         async with rt.lock(_key(body, owner_label=False)):
-            await flows.on_spec(rt, body, str(kw.get("reason", "")))
+            await reactions.on_spec(rt, body, str(kw.get("reason", "")))
 
     @kopf.on.event(*ISVC, registry=registry, id="first_sight", when=_never_handled)
     async def first_sight(**kw: Any) -> None:
@@ -134,7 +135,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         body = kw["body"]
         rt = _rt(kw["memo"])
         async with rt.lock(_key(body, owner_label=False)):
-            await flows.on_first_sight(rt, body)
+            await reactions.on_first_sight(rt, body)
 
     for decorator in (kopf.on.create, kopf.on.resume):
         decorator(*ISVC, registry=registry, id="spec")(spec_handler)
@@ -163,7 +164,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
         async def attempt() -> None:
             async with rt.lock(key):
-                await flows.ingest_job(rt, dict(body), pods, nodes)
+                await tuning_run.ingest_job(rt, dict(body), pods, nodes)
 
         await _retrying(f"ingest Job {body['metadata'].get('name')}", attempt)
 
@@ -182,7 +183,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
         async def attempt() -> None:
             async with rt.lock(_key(body, owner_label=True)):
-                await flows.on_deployment(rt, dict(body))
+                await rollout.on_deployment(rt, dict(body))
 
         await _retrying(f"track Deployment {body['metadata'].get('name')}", attempt)
 
@@ -194,7 +195,7 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         key = _key(body, owner_label=False)
         pods, nodes = _values(kw.get("infertune_pods"), key), _nodes(kw.get("infertune_nodes"))
         async with rt.lock(key):
-            if await flows.resync_children(rt, body, pods, nodes):
+            if await tuning_run.resync_children(rt, body, pods, nodes):
                 return  # the body is stale now; the next tick checks from fresh state
             await checking.check(rt, body, pods, nodes)
 

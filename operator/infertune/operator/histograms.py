@@ -10,12 +10,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # The engines' metric families (vLLM's names; the builtin engine exposes the same ones).
 TTFT = "vllm:time_to_first_token_seconds"
-ITL = "vllm:time_per_output_token_seconds"
-ITL_NEW = "vllm:inter_token_latency_seconds"  # vLLM >= 0.10 name for the same histogram
+# The per-token gap histogram (the SLO's `itl` bound reads it): vLLM's TPOT name, and the name
+# vLLM >= 0.10 gives the same histogram.
+TPOT = "vllm:time_per_output_token_seconds"
+TPOT_RENAMED = "vllm:inter_token_latency_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
 PROMPT = "vllm:request_prompt_tokens"
 OUTPUT = "vllm:request_generation_tokens"
-FAMILIES = (TTFT, ITL, ITL_NEW, E2E, PROMPT, OUTPUT)
+FAMILIES = (TTFT, TPOT, TPOT_RENAMED, E2E, PROMPT, OUTPUT)
 
 
 @dataclass
@@ -96,6 +98,6 @@ def parse_exposition(text: str, families: tuple[str, ...] = FAMILIES) -> dict[st
                 hist.sum += float(sample.value)
             elif sample.name.endswith("_count"):
                 hist.count += float(sample.value)
-    if ITL_NEW in out and ITL not in out:
-        out[ITL] = out.pop(ITL_NEW)
+    if TPOT_RENAMED in out and TPOT not in out:
+        out[TPOT] = out.pop(TPOT_RENAMED)
     return out

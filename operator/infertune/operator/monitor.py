@@ -16,17 +16,17 @@ import aiohttp
 from infertune.operator.api import Figures
 from infertune.operator.histograms import (
     E2E,
-    ITL,
     OUTPUT,
     PROMPT,
+    TPOT,
     TTFT,
     Histogram,
     parse_exposition,
 )
 from infertune.tuner.api import SLO
 
-METRIC_FAMILY = {"ttft": TTFT, "itl": ITL, "e2e": E2E}
-FAMILIES = (TTFT, ITL, E2E, PROMPT, OUTPUT)
+METRIC_FAMILY = {"ttft": TTFT, "itl": TPOT, "e2e": E2E}
+FAMILIES = (TTFT, TPOT, E2E, PROMPT, OUTPUT)
 # The shortest window either source judges: Prometheus' increase() needs two samples of its
 # scrape interval, and the operator's own scraper spans the same so that a verdict (and whether
 # a window holds enough requests to count toward drift) does not depend on which source answered.

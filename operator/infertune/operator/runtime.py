@@ -1,12 +1,12 @@
-"""What the handlers share, kept in kopf's memo: built at startup, never at import."""
+"""What the handlers share, kept in kopf's memo: built at startup, never at import. Everything the
+operator remembers about one InferenceService between calls is one ServiceState."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
-from infertune.operator.drift import Windows
+from infertune.operator.drift import RetuneTimers
 from infertune.operator.k8s import Kube
 from infertune.operator.metrics import OperatorMetrics
 from infertune.operator.monitor import Live, PrometheusSource, Scraper
@@ -16,44 +16,42 @@ Key = tuple[str, str]  # (namespace, name)
 
 
 @dataclass
+class ServiceState:
+    """In-memory state of one InferenceService (lost on restart, rebuilt from what comes next)."""
+
+    scrapers: dict[str, Scraper] = field(default_factory=dict)  # by track: stable, canary
+    timers: RetuneTimers = field(default_factory=RetuneTimers)  # violation/drift held since
+    last_check: float | None = None  # monotonic time of the last SLO check
+    cooldown_noted: str | None = None  # the retune reason last logged as held back
+    traffic_seen: Live | None = None  # last window with enough requests
+    prometheus_down: str | None = None  # last PromQL failure, logged once
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    children_resynced: float = float("-inf")  # monotonic; see tuning_run.resync_children
+
+
+@dataclass
 class Runtime:
     settings: OperatorSettings
     kube: Kube
     metrics: OperatorMetrics
     prometheus: PrometheusSource | None = None
-    scrapers: dict[Key, Scraper] = field(default_factory=dict)
-    windows: dict[Key, Windows] = field(default_factory=dict)
-    last_check: dict[Key, float] = field(default_factory=dict)
-    cooldown_noted: dict[Key, str] = field(default_factory=dict)
-    traffic_seen: dict[Key, Live] = field(default_factory=dict)  # last window with enough requests
-    prometheus_down: dict[Key, str] = field(
-        default_factory=dict
-    )  # last PromQL failure, logged once
-    locks: dict[Key, asyncio.Lock] = field(default_factory=dict)
-    children_resynced: dict[Key, float] = field(default_factory=dict)  # see resync_children
-    # kopf indices (set by the handlers on each call): pods and nodes seen through watches.
-    pods: Any = None
-    nodes: Any = None
+    services: dict[Key, ServiceState] = field(default_factory=dict)
+
+    def service(self, key: Key) -> ServiceState:
+        state = self.services.get(key)
+        if state is None:
+            state = self.services[key] = ServiceState()
+        return state
 
     def lock(self, key: Key) -> asyncio.Lock:
-        return self.locks.setdefault(key, asyncio.Lock())
+        return self.service(key).lock
 
-    def scraper(self, key: Key) -> Scraper:
-        return self.scrapers.setdefault(key, Scraper(self.settings.scrape_timeout_s))
-
-    def window(self, key: Key) -> Windows:
-        return self.windows.setdefault(key, Windows())
+    def scraper(self, key: Key, track: str = "stable") -> Scraper:
+        scrapers = self.service(key).scrapers
+        if track not in scrapers:
+            scrapers[track] = Scraper(self.settings.scrape_timeout_s)
+        return scrapers[track]
 
     def forget(self, key: Key) -> None:
-        for table in (
-            self.scrapers,
-            self.windows,
-            self.last_check,
-            self.cooldown_noted,
-            self.traffic_seen,
-            self.prometheus_down,
-            self.locks,
-            self.children_resynced,
-        ):
-            table.pop(key, None)  # type: ignore[attr-defined]
+        self.services.pop(key, None)
         self.metrics.forget(*key)

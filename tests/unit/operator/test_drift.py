@@ -5,7 +5,7 @@ from __future__ import annotations
 from infertune.operator.api import Figures, Observation, RetunePolicy, ServingConfig
 from infertune.operator.checking import material_change
 from infertune.operator.drift import (
-    Windows,
+    RetuneTimers,
     beats_live,
     decide_retune,
     hardware_change,
@@ -37,7 +37,7 @@ def test_slo_check_names_each_violation() -> None:
 
 
 def test_violation_must_hold_for_the_window() -> None:
-    w = Windows()
+    w = RetuneTimers()
     w.update(0, violated=True, drifted=None)
     w.update(15, violated=True, drifted=None)
     assert (
@@ -61,7 +61,7 @@ def test_violation_must_hold_for_the_window() -> None:
 def test_no_slo_retune_once_the_traffic_stopped() -> None:
     # The window held while traffic ran; then the traffic stops (no figures, nothing violating
     # now): that is no evidence for a retune (the demo's live check once retuned on it).
-    w = Windows()
+    w = RetuneTimers()
     for t in (0, 15, 30):
         w.update(t, violated=True, drifted=None)
     w.update(45, violated=None, drifted=None)
@@ -74,7 +74,7 @@ def test_no_slo_retune_once_the_traffic_stopped() -> None:
 def test_drift_is_named_before_the_slo_miss_it_causes() -> None:
     # Longer prompts arrive and the ITL bound is missed with them: the reason is the drift (the
     # cause), and the message still carries the miss.
-    w = Windows()
+    w = RetuneTimers()
     for t in (0, 15, 30):
         w.update(t, violated=True, drifted=["promptTokens 2230 vs 640 (+248%)"])
     d = decide_retune(
@@ -109,7 +109,7 @@ def test_hardware_change_is_immediate_and_first() -> None:
     assert hardware_change("NVIDIA-H100-80GB-HBM3", {"NVIDIA-H100-80GB-HBM3"}) is None
     msg = hardware_change("NVIDIA-H100-80GB-HBM3", {"NVIDIA-A100-SXM4-80GB"})
     assert msg == "serving on NVIDIA-A100-SXM4-80GB but tuned on NVIDIA-H100-80GB-HBM3"
-    w = Windows()
+    w = RetuneTimers()
     w.update(0, violated=True, drifted=["rate"])
     d = decide_retune(POLICY, w, 100, violating=["x"], hardware=msg, in_cooldown_now=False)
     assert d.reason == "HardwareChanged"
@@ -117,7 +117,7 @@ def test_hardware_change_is_immediate_and_first() -> None:
 
 def test_disabled_triggers_and_cooldown() -> None:
     policy = POLICY.model_copy(update={"triggers": ["TrafficDrift"]})
-    w = Windows()
+    w = RetuneTimers()
     w.update(0, violated=True, drifted=None)
     assert (
         decide_retune(

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from infertune.operator.histograms import E2E, ITL, OUTPUT, PROMPT, TTFT, parse_exposition
+from infertune.operator.histograms import E2E, OUTPUT, PROMPT, TPOT, TTFT, parse_exposition
 from infertune.operator.histograms import Histogram as Hist
 from infertune.operator.monitor import (
     PrometheusError,
@@ -35,7 +35,7 @@ class FakeEngine:
         self.registry = CollectorRegistry()
         labels = ["model_name"]
         self.ttft = Histogram(TTFT, "ttft", labels, buckets=BUCKETS, registry=self.registry)
-        self.itl = Histogram(ITL, "itl", labels, buckets=BUCKETS, registry=self.registry)
+        self.itl = Histogram(TPOT, "itl", labels, buckets=BUCKETS, registry=self.registry)
         self.e2e = Histogram(E2E, "e2e", labels, buckets=BUCKETS, registry=self.registry)
         self.prompt = Histogram(PROMPT, "prompt", labels, buckets=TOKENS, registry=self.registry)
         self.output = Histogram(OUTPUT, "output", labels, buckets=TOKENS, registry=self.registry)

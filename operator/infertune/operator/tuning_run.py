@@ -1,5 +1,6 @@
-"""What happens to an InferenceService: start a tuning run, ingest its result, roll out, track the
-Deployment. Handlers (handlers.py) only adapt kopf's calls to these functions."""
+"""The tuning run of an InferenceService: start its Job, ingest the tuner's result when the Job
+finishes (the winner then goes to rollout.replace_live), and the timer's read-back of children
+whose events came too early to count (resync_children)."""
 
 from __future__ import annotations
 
@@ -7,26 +8,15 @@ import asyncio
 import time
 from typing import Any
 
-import kopf
-
-from infertune.operator import canary
-from infertune.operator.api import ServingConfig, TuningRun
-from infertune.operator.builders import (
-    RunPlan,
-    desired_deployment,
-    desired_job,
-    desired_service,
-    desired_spec_configmap,
-)
-from infertune.operator.builders.common import ANN_CONFIG
-from infertune.operator.builders.deployment import deployment_name
+from infertune.operator.api import TuningRun
+from infertune.operator.builders import RunPlan, desired_job, desired_spec_configmap
 from infertune.operator.builders.job import pod_tuning_spec
 from infertune.operator.conditions import get_condition, parse_iso
-from infertune.operator.context import Ctx, InvalidSpecError, commit, load, load_status, log
+from infertune.operator.context import Ctx, commit, load_owner, load_status, log
 from infertune.operator.drift import beats_live
 from infertune.operator.hashing import config_hash, digest, run_hash, tuning_hash
 from infertune.operator.pods import pod_summary
-from infertune.operator.reconcile import ensure
+from infertune.operator.rollout import deployment_state, describe, on_deployment, replace_live
 from infertune.operator.runtime import Runtime
 from infertune.operator.summary import Summary, parse_summary
 from infertune.tuner.api import TuningSpec
@@ -34,44 +24,6 @@ from infertune.tuner.api import TuningSpec
 USER_REASONS = ("Created", "SpecChanged")
 # How often an unsettled child is read back by the timer (see resync_children).
 CHILD_RESYNC_S = 30.0
-
-
-async def invalid_spec(err: InvalidSpecError) -> None:
-    ctx = err.ctx
-    ctx.condition("Ready", "False", "InvalidSpec", str(err))
-    ctx.event("Warning", "InvalidSpec", str(err))
-    await commit(ctx)
-    raise kopf.PermanentError(f"invalid spec: {err}")
-
-
-async def on_spec(rt: Runtime, body: Any, trigger: str) -> None:
-    """Create/update/resume: retune only when the tuning-relevant part changed; else keep serving."""
-    try:
-        ctx = load(rt, body)
-    except InvalidSpecError as err:
-        rt.metrics.reconciles.labels(trigger, "invalid").inc()
-        await invalid_spec(err)
-        return
-    spec_hash = tuning_hash(ctx.isvc.spec)
-    run = ctx.status.tuning
-    if run is None or run.spec_hash != spec_hash:
-        reason = "Created" if run is None else "SpecChanged"
-        await start_run(ctx, reason, ctx.isvc.spec.tuning_spec())
-    if ctx.status.live is not None:
-        await ensure_serving(ctx, ctx.status.live)
-    await canary.sync(ctx)
-    await commit(ctx)
-    rt.metrics.reconciles.labels(trigger, "ok").inc()
-
-
-async def on_first_sight(rt: Runtime, body: Any) -> None:
-    """A valid object never handled before: start its tuning run now (see handlers.first_sight).
-    Invalid specs are left to the create handler, which reports them once."""
-    try:
-        load(rt, body)
-    except InvalidSpecError:
-        return
-    await on_spec(rt, body, "FirstSight")
 
 
 async def start_run(
@@ -136,20 +88,6 @@ def _job_pod(pods: list[dict[str, Any]], job_name: str) -> dict[str, Any] | None
     return max(mine, key=lambda p: p.get("finished_at") or "", default=None)
 
 
-def _describe(config: ServingConfig) -> str:
-    m = config.measured
-    figures = ""
-    if m is not None and m.ttft_p95_ms is not None:
-        figures = f", TTFT p95 {m.ttft_p95_ms:.0f}ms"
-    if m is not None and m.goodput_rps is not None:
-        figures += f", goodput {m.goodput_rps:.2f} req/s"
-    graph = "cuda-graph" if config.cuda_graph else "no cuda-graph"
-    return (
-        f"{config.engine}/{config.quantization} maxNumSeqs={config.max_num_seqs} "
-        f"maxNumBatchedTokens={config.max_num_batched_tokens} kvBlockSize={config.kv_block_size} {graph}{figures}"
-    )
-
-
 async def ingest_job(
     rt: Runtime, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, str | None]
 ) -> None:
@@ -158,14 +96,8 @@ async def ingest_job(
     if outcome is None:
         return
     meta = job["metadata"]
-    body = await rt.kube.get(
-        "InferenceService", meta["namespace"], meta["labels"]["infertune.dev/inferenceservice"]
-    )
-    if body is None:
-        return
-    try:
-        ctx = load(rt, body)
-    except InvalidSpecError:
+    ctx = await load_owner(rt, meta["namespace"], meta["labels"]["infertune.dev/inferenceservice"])
+    if ctx is None:
         return
     run = ctx.status.tuning
     if run is None or run.job != meta["name"] or run.finished_at is not None:
@@ -229,9 +161,10 @@ async def resync_children(
     meta = body["metadata"]
     key = (meta["namespace"], meta["name"])
     now = time.monotonic()
-    if now - rt.children_resynced.get(key, float("-inf")) < CHILD_RESYNC_S:
+    service = rt.service(key)
+    if now - service.children_resynced < CHILD_RESYNC_S:
         return False
-    rt.children_resynced[key] = now
+    service.children_resynced = now
     if job_name:
         job = await rt.kube.get("Job", meta["namespace"], job_name)
         if job is None:
@@ -244,7 +177,7 @@ async def resync_children(
             return True
     if rolling:
         dep = await rt.kube.get("Deployment", meta["namespace"], meta["name"])  # the stable one
-        if dep is not None and _deployment_state(dep)[0] != "Unknown":
+        if dep is not None and deployment_state(dep)[0] != "Unknown":
             log.info("%s/%s: Deployment settled without its state recorded; recording", *key)
             await on_deployment(rt, dep)
             return True
@@ -256,12 +189,8 @@ async def _job_lost(rt: Runtime, namespace: str, name: str, job_name: str) -> bo
     so instead of showing Tuning for ever. Read fresh first: the timer's body may predate a newer
     run (whose start deleted this Job on purpose); a run's Job is created before the status
     names it, so a Job missing while the fresh status names it was deleted."""
-    body = await rt.kube.get("InferenceService", namespace, name)
-    if body is None:
-        return False
-    try:
-        ctx = load(rt, body)
-    except InvalidSpecError:
+    ctx = await load_owner(rt, namespace, name)
+    if ctx is None:
         return False
     run = ctx.status.tuning
     if run is None or run.job != job_name or run.finished_at is not None:
@@ -313,10 +242,10 @@ async def _ingest_summary(
     st.best = config
     trials = f"{summary.trials_completed}/{summary.trials_total} trials"
     if summary.status == "succeeded":
-        message = f"best: {_describe(config)} ({trials})"
+        message = f"best: {describe(config)} ({trials})"
         ctx.condition("Tuned", "True", "Tuned", message)
     else:
-        message = f"no configuration meets the SLOs: {summary.binding_constraint or summary.reason}; closest: {_describe(config)} ({trials})"
+        message = f"no configuration meets the SLOs: {summary.binding_constraint or summary.reason}; closest: {describe(config)} ({trials})"
         ctx.condition("Tuned", "False", "SLOInfeasible", message)
     ctx.history(
         "Tuned" if summary.status == "succeeded" else "Infeasible",
@@ -350,107 +279,4 @@ async def _ingest_summary(
         ctx.event("Normal", "RetuneKept", f"live config kept: {why}")
 
 
-async def replace_live(ctx: Ctx, config: ServingConfig) -> None:
-    """A new winner: straight to the stable Deployment, or first as a canary beside the live
-    config when the spec asks for one (the keep-checking loop then promotes or rolls it back)."""
-    live = ctx.status.live
-    wants_canary = ctx.isvc.spec.rollout.canary.enabled
-    if live is not None and wants_canary and live.config_hash != config.config_hash:
-        await canary.start(ctx, config)
-        return
-    if ctx.status.canary is not None:  # superseded by a direct rollout
-        await ctx.rt.kube.delete(
-            "Deployment", ctx.isvc.namespace, deployment_name(ctx.isvc, canary.CANARY)
-        )
-        ctx.status.canary = None
-    await roll_out(ctx, config)
-
-
-async def roll_out(ctx: Ctx, config: ServingConfig) -> None:
-    """Serve `config`: the Deployment (config hash on the pod template) and the Service."""
-    ctx.status.live = config
-    verb = await ensure_serving(ctx, config)
-    if verb != "unchanged":
-        message = f"rolling out {_describe(config)} (config {config.config_hash})"
-        ctx.condition("RolledOut", "Unknown", "RollingOut", message)
-        ctx.history(
-            "RollingOut",
-            (ctx.status.tuning.reason or "") if ctx.status.tuning else "",
-            message,
-            config.config_hash,
-        )
-        ctx.event("Normal", "RollingOut", message)
-        ctx.rt.windows.pop(ctx.key, None)  # old observations describe the old config
-
-
-async def ensure_serving(ctx: Ctx, config: ServingConfig) -> str:
-    kube, settings = ctx.rt.kube, ctx.rt.settings
-    verb = await ensure(kube, desired_deployment(ctx.isvc, config, settings))
-    await ensure(kube, desired_service(ctx.isvc, settings))
-    return verb
-
-
-def _deployment_state(dep: dict[str, Any]) -> tuple[str, str, str]:
-    """(status, reason, message) for RolledOut from a Deployment's status."""
-    spec, st = dep.get("spec") or {}, dep.get("status") or {}
-    want = int(spec.get("replicas", 1))
-    updated = int(st.get("updatedReplicas", 0))
-    available = int(st.get("availableReplicas", 0))
-    current_gen = int(st.get("observedGeneration", 0)) >= int(dep["metadata"].get("generation", 0))
-    conds = {c.get("type"): c for c in st.get("conditions") or []}
-    progressing = conds.get("Progressing") or {}
-    if progressing.get("reason") == "ProgressDeadlineExceeded":
-        return "False", "ProgressDeadlineExceeded", str(progressing.get("message", ""))
-    total = int(st.get("replicas", 0))
-    if current_gen and updated >= want and available >= want and total <= want:
-        return "True", "Available", f"{available}/{want} replicas available"
-    return "Unknown", "RollingOut", f"{updated}/{want} replicas updated, {available} available"
-
-
-async def on_deployment(rt: Runtime, dep: dict[str, Any]) -> None:
-    meta = dep["metadata"]
-    labels = meta.get("labels") or {}
-    if labels.get("infertune.dev/track", "stable") != "stable":
-        return
-    body = await rt.kube.get(
-        "InferenceService", meta["namespace"], labels["infertune.dev/inferenceservice"]
-    )
-    if body is None:
-        return
-    try:
-        ctx = load(rt, body)
-    except InvalidSpecError:
-        return
-    live = ctx.status.live
-    if live is None or meta["name"] != deployment_name(ctx.isvc, "stable"):
-        return
-    if (meta.get("annotations") or {}).get(ANN_CONFIG) != live.config_hash:
-        return  # an event about the previous config's template; the next one will tell
-    status, reason, message = _deployment_state(dep)
-    old = get_condition(ctx.status.conditions, "RolledOut")
-    ctx.condition("RolledOut", status, reason, f"{message}; config {live.config_hash}")
-    if status == "True" and (old is None or old.status != "True"):
-        ctx.history("RolledOut", "Available", message, live.config_hash)
-        ctx.event("Normal", "RolledOut", f"Deployment {meta['name']} available: {message}")
-    await commit(ctx)
-
-
-def epoch(iso: str | None) -> float | None:
-    moment = parse_iso(iso)
-    return moment.timestamp() if moment else None
-
-
-def monotonic() -> float:
-    return time.monotonic()
-
-
-__all__ = [
-    "ingest_job",
-    "invalid_spec",
-    "log",
-    "on_deployment",
-    "on_spec",
-    "replace_live",
-    "roll_out",
-    "start_run",
-]
+__all__ = ["USER_REASONS", "ingest_job", "resync_children", "start_run"]
