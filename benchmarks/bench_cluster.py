@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 ROOT = Path(__file__).resolve().parents[1]
+# Benchmarks are scripts (run.py, or one at a time), outside pytest and its `pythonpath`: the dev
+# cluster is a folder of modules, not a package, so it goes on the path here.
 sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
 
 import devcluster  # noqa: E402

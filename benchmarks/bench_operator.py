@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+# Benchmarks are scripts (run.py, or one at a time), outside pytest and its `pythonpath`: the dev
+# cluster and the operator harness are folders of modules, not packages, so they go on the path here.
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
 

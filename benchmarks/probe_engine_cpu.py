@@ -18,9 +18,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_engine import engine_server, load
+from bench_engine import engine_server, load  # beside this script, first on sys.path
 from infertune.engine.make_model import ensure_model
 
 

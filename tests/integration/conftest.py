@@ -15,13 +15,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import devcluster  # scripts/devcluster, on the path through pytest's pythonpath
+import node_agent
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
-
-import devcluster  # noqa: E402
-import node_agent  # noqa: E402
 
 CRD = ROOT / "crds" / "inferenceservices.infertune.dev.yaml"
 # Two GPU kinds (one with two GPUs), a tainted GPU node that only tolerating pods may use, and a

@@ -8,8 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import operator_fake_cli
+import operator_fake_cli  # beside this script, which Python puts first on sys.path
 
 
 def main() -> int:

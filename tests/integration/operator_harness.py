@@ -19,12 +19,11 @@ from typing import Any, TypeVar
 import cluster_helpers
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from pki import kubeconfig_text  # scripts/devcluster
 
 from infertune.operator.rbac import cluster_role, cluster_role_binding
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
-from pki import kubeconfig_text  # noqa: E402
 
 GROUP, VERSION, PLURAL = "infertune.dev", "v1alpha1", "inferenceservices"
 SYSTEM_NS = "infertune-system"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -21,12 +20,10 @@ from typing import Any
 
 import pytest
 import yaml
+from chartlib import CHART, OPTIONS, helm, split_manifests, template_text  # tests/unit/chart
+from devcluster import wait_established  # scripts/devcluster
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "tests" / "unit" / "chart"))
-
-from chartlib import CHART, OPTIONS, helm, split_manifests, template_text  # noqa: E402
-from devcluster import wait_established  # noqa: E402  (conftest puts scripts/devcluster on the path)
 
 pytestmark = pytest.mark.cluster
 INFERTUNE = ROOT / ".venv" / "bin" / "infertune"

@@ -7,7 +7,6 @@ import base64
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +204,6 @@ def test_service_account_with_a_narrow_role_is_denied_the_rest(
 
 
 def test_stop_leaves_no_process_behind(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
     import devcluster
     import node_agent
 

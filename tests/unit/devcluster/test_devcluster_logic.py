@@ -8,9 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "scripts" / "devcluster"))
-
 from podspec import base_env, expand, rewrite_paths
 from scheduling import choose_node, parse_quantity
 
