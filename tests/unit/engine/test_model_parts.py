@@ -1,4 +1,4 @@
-"""Config parsing, cost helpers, quantized kernels, the checkpoint writer and capabilities."""
+"""Config parsing, cost helpers, quantized kernels, the checkpoint writer, CUDA Graph refusal."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 import torch
 from model_reference import tiny_model
 
-from infertune.engine.capabilities import capabilities
 from infertune.engine.config import (
     ConfigError,
     LlamaConfig,
@@ -97,12 +96,7 @@ def test_checkpoint_is_deterministic_and_loads_in_transformers() -> None:
     assert raw["model"]["vocab"]["<0x00>"] == 3 and len(tok) == 4096
 
 
-def test_cpu_capabilities_and_cuda_graph_refusal() -> None:
-    caps = capabilities("cpu")
-    assert {"fp32", "bf16", "fp16", "int8", "int4"} <= set(caps.quantizations)
-    assert not caps.supports("cuda_graph", True) and caps.supports("cuda_graph", False)
-    assert "fp8" not in caps.quantizations and "quantization=fp8" in caps.unsupported
-    assert caps.to_dict()["cuda_graph"] == [False]
+def test_cuda_graph_is_refused_on_cpu() -> None:
     with pytest.raises(UnsupportedConfig, match="cuda_graph=True needs a CUDA device"):
         ModelRunner(tiny_model(), cuda_graph=True, num_kv_blocks=4)
 

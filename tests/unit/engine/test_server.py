@@ -18,10 +18,11 @@ import pytest
 pytest.importorskip("torch")
 from tokenizers import Tokenizer
 
+from infertune.engine.core_client import RemoteEngine
 from infertune.engine.engine import Engine, EngineFrontend
-from infertune.engine.engine_core import RemoteEngine
 from infertune.engine.make_model import ensure_model
 from infertune.engine.runner import ModelRunner
+from infertune.engine.serve_config import ServeConfig
 from infertune.engine.server import EngineServer, start_server
 
 Client = Callable[..., Awaitable[Any]]
@@ -55,8 +56,10 @@ def serve(
     if placement == "thread":
         engine = Engine(runner, **settings)
     else:
-        recipe = {"model_dir": tiny, "kv_block_size": 16, "num_kv_blocks": 256}
-        engine = RemoteEngine("infertune.engine.runner:ModelRunner", recipe, settings)
+        # The same engine from flags: 256 blocks of 16 tokens, the model's 4096 context and EOS.
+        budget = 256 * runner.kv_bytes_per_block()
+        config = ServeConfig(model=str(tiny), kv_cache_memory=budget, **engine_kw)
+        engine = RemoteEngine(config, tiny)
     tok = Tokenizer.from_file(str(tiny / "tokenizer.json"))
     server = EngineServer(engine, tok, model_name="tiny", model_dir=tiny)
 

@@ -1,13 +1,16 @@
-"""``infertune serve`` and ``infertune make-model``: argument parsing and process lifecycle.
+"""``infertune serve`` and ``infertune make-model``: flags in, process lifecycle.
 
-torch is imported only inside :func:`serve_main` so that ``--help`` and argument errors stay fast.
+``serve`` parses its flags into a :class:`~infertune.engine.serve_config.ServeConfig`, spawns the
+engine-core process first (:mod:`infertune.engine.core_spawn`), then resolves the model and hands
+both to a :class:`~infertune.engine.core_client.RemoteEngine` and the HTTP server. The runner is
+built in the core (:mod:`infertune.engine.build`), which never imports this module; this process
+never imports torch for ``serve`` unless it generates a built-in model.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 import re
 import signal
 import sys
@@ -15,14 +18,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infertune.engine.core_process import spawn_core
+from infertune.engine.core_spawn import spawn_core
+from infertune.engine.serve_config import (
+    DEFAULT_GPU_UTILIZATION,
+    DEFAULT_KV_CACHE_BYTES,
+    MODEL_SIZES,
+    QUANTIZATIONS,
+    ServeConfig,
+    gpu_utilization_on_cpu,
+)
 
-__all__ = ["build_serve_parser", "default_threads", "make_model_main", "parse_size", "serve_main"]
+__all__ = ["build_serve_parser", "make_model_main", "parse_serve_args", "parse_size", "serve_main"]
 
-QUANTIZATIONS = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
-MODEL_SIZES = ("tiny", "small", "medium")
-DEFAULT_KV_CACHE = "256MiB"
-DEFAULT_GPU_UTILIZATION = 0.9
+DEFAULT_KV_CACHE = f"{DEFAULT_KV_CACHE_BYTES // 2**20}MiB"
 _UNITS = {
     "": 1, "b": 1,
     "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -68,6 +76,9 @@ def _fraction(text: str) -> float:
 
 
 def build_serve_parser() -> argparse.ArgumentParser:
+    """The ``serve`` flags; every destination is a :class:`ServeConfig` field, and the defaults
+    are its defaults."""
+    d = ServeConfig(model="")
     p = argparse.ArgumentParser(
         prog="infertune serve",
         description="Serve a Llama-family checkpoint over an OpenAI-compatible HTTP API.",
@@ -78,11 +89,11 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help=f"checkpoint directory, or one of {', '.join(MODEL_SIZES)} for a generated model",
     )
     p.add_argument("--served-model-name", help="name in /v1/models (default: the directory name)")
-    p.add_argument("--quantization", choices=QUANTIZATIONS, default="fp32")
-    p.add_argument("--int4-group-size", type=int, choices=(32, 64, 128), default=64)
-    p.add_argument("--max-num-seqs", type=_positive_int, default=32)
-    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=512)
-    p.add_argument("--kv-block-size", type=_positive_int, default=16)
+    p.add_argument("--quantization", choices=QUANTIZATIONS, default=d.quantization)
+    p.add_argument("--int4-group-size", type=int, choices=(32, 64, 128), default=d.int4_group_size)
+    p.add_argument("--max-num-seqs", type=_positive_int, default=d.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=_positive_int, default=d.max_num_batched_tokens)
+    p.add_argument("--kv-block-size", type=_positive_int, default=d.kv_block_size)
     mem = p.add_mutually_exclusive_group()
     mem.add_argument(
         "--kv-cache-memory",
@@ -95,13 +106,13 @@ def build_serve_parser() -> argparse.ArgumentParser:
         help="CUDA only: fraction of GPU memory for weights + KV cache, the rest left free "
         f"(default on CUDA: {DEFAULT_GPU_UTILIZATION}, as vLLM)",
     )
-    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=False)
-    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default)")
+    p.add_argument("--cuda-graph", action=argparse.BooleanOptionalAction, default=d.cuda_graph)
+    p.add_argument("--device", default=d.device, help="cpu, cuda, cuda:N or auto (default)")
     p.add_argument("--max-model-len", type=_positive_int, help="context length (default: model's)")
     p.add_argument(
         "--max-waiting",
         type=_positive_int,
-        default=512,
+        default=d.max_waiting,
         help="waiting-queue bound; beyond it requests get 503 + Retry-After",
     )
     p.add_argument(
@@ -117,30 +128,16 @@ def build_serve_parser() -> argparse.ArgumentParser:
             "usable core; such steps are large GEMMs, which scale with cores)"
         ),
     )
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--log-level", default="WARNING")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--log-level", default=d.log_level)
     return p
 
 
-def usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def default_threads() -> int:
-    """torch threads when ``--threads`` is not given: the cores this process may use, minus one.
-
-    The spare core runs the event loop (HTTP, detokenisation) and usually the clients. With
-    every core in OpenMP, the engine's spinning threads and the server fight over the same
-    cores: measured on 2 cores under load, 2 threads ran the decode loop ~20x slower than 1.
-    A decode step is some 200 small ops, each a barrier for every thread; a prefill step is
-    the same ops on hundreds of rows, so it gets every core (``--prefill-threads``).
-    """
-    return max(1, usable_cores() - 1)
+def parse_serve_args(argv: list[str]) -> ServeConfig:
+    """The :class:`ServeConfig` for ``infertune serve ARGV`` (argparse exits on a bad flag)."""
+    return ServeConfig(**vars(build_serve_parser().parse_args(argv)))
 
 
 def _model_dir(model: str) -> Path:
@@ -159,133 +156,36 @@ def _model_dir(model: str) -> Path:
     )
 
 
-def _device(name: str) -> str:
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return name
-
-
-def _gpu_utilization_on_cpu(device: str) -> str:
-    return (
-        "--gpu-memory-utilization applies to CUDA devices only; on "
-        f"device={device!r} size the cache with --kv-cache-memory (e.g. 512MiB)"
-    )
-
-
-def _kv_cache_bytes(args: argparse.Namespace, model_dir: Path, device: str) -> int:
-    """Bytes for the KV cache from --kv-cache-memory or --gpu-memory-utilization."""
-    if args.kv_cache_memory is not None:
-        return int(args.kv_cache_memory)
-    utilization = args.gpu_memory_utilization
-    if utilization is None:
-        if not device.startswith("cuda"):
-            return parse_size(DEFAULT_KV_CACHE)
-        utilization = DEFAULT_GPU_UTILIZATION
-    if not device.startswith("cuda"):
-        raise SystemExit(_gpu_utilization_on_cpu(device))
-    import torch
-
-    from infertune.engine.config import LlamaConfig, kv_bytes_per_token, weight_bytes
-
-    cfg = LlamaConfig.from_dir(model_dir)
-    free, total = torch.cuda.mem_get_info(torch.device(device))
-    weights = weight_bytes(cfg, args.quantization)
-    # Activations and allocator slack for one max_num_batched_tokens step (generous).
-    reserve = 256 * 2**20 + 64 * args.max_num_batched_tokens * 2**10
-    budget = int(utilization * total) - (total - free) - weights - reserve
-    if budget <= 0:
-        raise SystemExit(
-            f"--gpu-memory-utilization {utilization} leaves no room for a KV "
-            f"cache ({(total - free) / 2**30:.1f} GiB in use, weights {weights / 2**30:.2f} GiB)"
-        )
-    # More blocks than every running sequence at full context can use is wasted memory (and a
-    # long free list); fp32 bytes per token make this an upper bound for every precision.
-    max_len = min(args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
-    useful = args.max_num_seqs * max_len * kv_bytes_per_token(cfg, "fp32")
-    return int(min(budget, useful))
-
-
-def build_runner(args: argparse.Namespace, model_dir: Path) -> Any:
-    """The :class:`ModelRunner` for ``args``; runs in the runner process (it imports torch)."""
-    import torch
-
-    from infertune.engine.runner import ModelRunner
-
-    started = time.perf_counter()
-    decode_threads = args.threads or default_threads()
-    torch.set_num_threads(decode_threads)
-    device = _device(args.device)
-    if args.quantization == "fp32" and device == "cpu":
-        from infertune.engine.kernels import describe
-
-        log.info("fp32 linear layers: %s", describe())
-    runner = ModelRunner(
-        model_dir,
-        quantization=args.quantization,
-        kv_block_size=args.kv_block_size,
-        kv_cache_bytes=_kv_cache_bytes(args, model_dir, device),
-        device=device,
-        cuda_graph=args.cuda_graph,
-        max_num_seqs=args.max_num_seqs,
-        seed=args.seed,
-        int4_group_size=args.int4_group_size,
-        threads=(decode_threads, args.prefill_threads or usable_cores()),
-    )
-    log.info(
-        "engine core: model and %d-block KV cache built in %.2f s",
-        runner.num_kv_blocks,
-        time.perf_counter() - started,
-    )
-    return runner
-
-
 def serve_main(argv: list[str]) -> int:
     started = time.perf_counter()
-    args = build_serve_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    if args.max_num_batched_tokens < args.max_num_seqs:
+    config = parse_serve_args(argv)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
+    if config.max_num_batched_tokens < config.max_num_seqs:
         log.warning(
             "--max-num-batched-tokens %d < --max-num-seqs %d: at most %d sequences can decode "
             "per step, so the newest running ones wait",
-            args.max_num_batched_tokens,
-            args.max_num_seqs,
-            args.max_num_batched_tokens,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
         )
-    explicit_cpu = args.device != "auto" and not args.device.startswith("cuda")
-    if args.gpu_memory_utilization is not None and explicit_cpu:  # known before any process
-        raise SystemExit(_gpu_utilization_on_cpu(args.device))
+    explicit_cpu = config.device != "auto" and not config.device.startswith("cuda")
+    if config.gpu_memory_utilization is not None and explicit_cpu:  # known before any process
+        raise SystemExit(gpu_utilization_on_cpu(config.device))
     # The engine-core process first: it imports torch (most of start-up), then loads the weights
     # and warms up, while this one imports its own modules and starts the server.
     core = spawn_core()
     try:
-        model_dir = _model_dir(args.model)
-        from infertune.engine.config import LlamaConfig
-        from infertune.engine.engine_core import RemoteEngine, RunnerStartError
+        model_dir = _model_dir(config.model)
+        from infertune.engine.core_client import RemoteEngine, RunnerStartError
 
-        cfg = LlamaConfig.from_dir(model_dir)
-        max_model_len = min(
-            args.max_model_len or cfg.max_position_embeddings, cfg.max_position_embeddings
-        )
-        engine = RemoteEngine(
-            "infertune.engine.cli:build_runner",
-            {"args": args, "model_dir": model_dir},
-            {
-                "max_num_seqs": args.max_num_seqs,
-                "max_num_batched_tokens": args.max_num_batched_tokens,
-                "max_model_len": max_model_len,
-                "eos_token_ids": cfg.eos_token_ids,
-                "max_waiting": args.max_waiting,
-            },
-            log_level=args.log_level,
-            core=core,
-        )
+        engine = RemoteEngine(config, model_dir, core=core)
     except BaseException:  # a bad --model or config: the core has nothing to run
         core.kill()
         raise
     try:
-        return _serve_with(engine, args, model_dir, started)
+        return _serve_with(engine, config, model_dir, started)
     except RunnerStartError as exc:  # a knob this setup cannot run, named by the message
         print(f"infertune serve: {exc}", file=sys.stderr)
         return 2
@@ -293,7 +193,7 @@ def serve_main(argv: list[str]) -> int:
         engine.close()
 
 
-def _serve_with(engine: Any, args: argparse.Namespace, model_dir: Path, started: float) -> int:
+def _serve_with(engine: Any, config: ServeConfig, model_dir: Path, started: float) -> int:
     import asyncio  # here, not at the top: the engine core is spawned before the heavier imports
 
     from tokenizers import Tokenizer
@@ -301,22 +201,25 @@ def _serve_with(engine: Any, args: argparse.Namespace, model_dir: Path, started:
     from infertune.engine.server import EngineServer
 
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    name = args.served_model_name or model_dir.name
+    name = config.served_model_name or model_dir.name
     server = EngineServer(engine, tokenizer, model_name=name, model_dir=model_dir)
     info = engine.wait_ready()  # built and warmed up in the core process
     log.info(
         "%s: %s, %d KV blocks of %d tokens, weights %.1f MiB; ready in %.2f s",
         name,
-        args.quantization,
+        config.quantization,
         info.num_kv_blocks,
-        args.kv_block_size,
+        config.kv_block_size,
         info.weight_bytes / 2**20,
         time.perf_counter() - started,
     )
     try:
-        asyncio.run(_serve(server, args.host, args.port))
+        asyncio.run(_serve(server, config.host, config.port))
     except OSError as exc:  # e.g. the port is taken
-        print(f"infertune serve: cannot listen on {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(
+            f"infertune serve: cannot listen on {config.host}:{config.port}: {exc}",
+            file=sys.stderr,
+        )
         return 1
     finally:
         engine.stop()

@@ -1,55 +1,18 @@
-"""Spawning the engine-core process, kept apart from :mod:`infertune.engine.engine_core` (and its
-asyncio, scheduler and engine imports) so that ``infertune serve`` can start the core first.
+"""The engine-core process's entry: ``python -m infertune.engine.core_process FD``
+(started by :func:`infertune.engine.core_spawn.spawn_core`).
 
-Why: start-up is the core's ``import torch`` (2-4 s on the CPUs measured here) plus the model
-build; everything the server process does before the spawn (its own imports, reading the config,
-~0.3 s here) otherwise adds to that critical path. The core's entry is here too, so that it
-imports torch before the engine's own modules and while the server sends the recipe
-(``python -m infertune.engine.core_process FD``); ``engine_core._child_main`` takes over from there.
+It asks Linux to end it with its parent, imports torch before the engine's own modules, while the
+server process imports its own and sends the recipe, and then hands the socket to the core's
+loop, :func:`infertune.engine.engine_core.run_core`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
-
-__all__ = ["CoreProcess", "spawn_core"]
-
-
-@dataclass
-class CoreProcess:
-    """A started engine-core process and the server's end of its socket pair."""
-
-    proc: subprocess.Popen[bytes]
-    sock: socket.socket
-
-    def kill(self) -> None:
-        """For a core never handed to a ``RemoteEngine`` (the server failed before that)."""
-        with contextlib.suppress(OSError):
-            self.sock.close()
-        self.proc.kill()
-        self.proc.wait()
-
-
-def spawn_core() -> CoreProcess:
-    # A plain child process over a socket pair, not multiprocessing's spawn: that also starts a
-    # resource-tracker process (which outlives a killed server by a moment and ignores SIGTERM)
-    # and shows the runner in `ps` as `spawn_main`.
-    ours, theirs = socket.socketpair()
-    with theirs:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "infertune.engine.core_process", str(theirs.fileno())],
-            pass_fds=(theirs.fileno(),),
-        )
-    return CoreProcess(proc, ours)
-
 
 _PR_SET_PDEATHSIG = 1
 
@@ -75,9 +38,9 @@ def _core_main(fd: int) -> None:
     torch_import_s = time.perf_counter() - started
     from multiprocessing.connection import Connection
 
-    from infertune.engine.engine_core import _child_main
+    from infertune.engine.engine_core import run_core
 
-    _child_main(Connection(fd), torch_import_s)
+    run_core(Connection(fd), torch_import_s)
 
 
 if __name__ == "__main__":  # the engine-core process: `python -m infertune.engine.core_process FD`

@@ -1,14 +1,15 @@
-"""The engine loop: a background thread runs scheduler steps and feeds per-request asyncio queues.
+"""The engine: one synchronous :meth:`Engine.step` (take new requests, schedule, run the model,
+apply its output), and the frontend the HTTP server talks to.
 
-The model runs on one thread (torch releases the GIL inside its kernels, so the asyncio server
-keeps serving meanwhile). Requests arrive from the event loop through a locked inbox; each step's
-new tokens go back to the loop with one ``call_soon_threadsafe`` per step, not one per token.
-Timestamps are taken on the engine thread when a token exists, so the latency metrics do not
-include the event loop's own queueing.
-
-``infertune serve`` runs this loop in an engine-core process of its own (see
-:mod:`infertune.engine.engine_core`): there a ``sink`` replaces the asyncio queues and ships
-each step's events, with the gauges, to the server process in one message.
+:meth:`Engine.step` is a few plain lines with no thread and no asyncio; two thin drivers call it.
+In-process (tests, benchmarks): :meth:`Engine.start` runs it on a thread of the server's process
+(torch releases the GIL inside its kernels, so the asyncio server keeps serving meanwhile),
+taking requests from the event loop through a locked inbox and handing each step's tokens back
+with one ``call_soon_threadsafe`` per step, not one per token. ``infertune serve``: the
+engine-core process (:mod:`infertune.engine.engine_core`) calls it between reads of the pipe
+and ships each step's events, with the gauges, to the server process in one message.
+Timestamps are taken in the step, when a token exists, so the latency metrics do not include
+the event loop's own queueing.
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, fields, replace
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 from infertune.engine.block_manager import BlockManager
@@ -63,7 +64,7 @@ class EngineOverloadedError(RuntimeError):
 
 @dataclass
 class TokenEvent:
-    """New tokens for one request (usually one), stamped on the engine thread."""
+    """New tokens for one request (usually one), stamped in the engine step that made them."""
 
     token_ids: list[int]
     time: float
@@ -76,7 +77,7 @@ class TokenEvent:
 @dataclass(eq=False)
 class Request:
     seq: Sequence
-    loop: asyncio.AbstractEventLoop | None  # None in the engine-core process (a sink delivers)
+    loop: asyncio.AbstractEventLoop | None  # None in the engine-core process (its loop ships)
     queue: asyncio.Queue[TokenEvent] | None
     arrival: float
     scheduled_at: float | None = None  # first time the scheduler ran any of its tokens
@@ -85,7 +86,7 @@ class Request:
 
 @dataclass
 class EngineStats:
-    """Gauges read by the metrics endpoint; written by the engine thread only."""
+    """Gauges read by the metrics endpoint; written by :meth:`Engine.step` only."""
 
     num_running: int = 0
     num_waiting: int = 0
@@ -99,13 +100,9 @@ class EngineStats:
             setattr(self, f.name, getattr(other, f.name))
 
 
-# Where a core process's events go: (seq_id, event) pairs of one step, and the gauges after it.
-Sink = Callable[[list[tuple[int, TokenEvent]], EngineStats], None]
-
-
 class EngineFrontend:
     """What the HTTP server needs of an engine, in-process (:class:`Engine`) or in a core process
-    (:class:`~infertune.engine.engine_core.RemoteEngine`)."""
+    (:class:`~infertune.engine.core_client.RemoteEngine`)."""
 
     stats: EngineStats
     max_model_len: int
@@ -190,6 +187,8 @@ class EngineFrontend:
 
 
 class Engine(EngineFrontend):
+    """The scheduler, the KV blocks and the runner, advanced by :meth:`step`."""
+
     def __init__(
         self,
         runner: Runner,
@@ -199,7 +198,6 @@ class Engine(EngineFrontend):
         max_model_len: int,
         eos_token_ids: tuple[int, ...] = (),
         max_waiting: int = 512,
-        sink: Sink | None = None,
     ) -> None:
         if max_waiting < 1:
             raise ValueError(f"max_waiting={max_waiting} must be a positive integer")
@@ -216,34 +214,118 @@ class Engine(EngineFrontend):
         self.max_waiting = max_waiting
         self.stats = EngineStats()
         self._ids = itertools.count()
-        self._requests: dict[int, Request] = {}  # engine thread only
+        self._requests: dict[int, Request] = {}  # the stepping thread only
+        # New requests and aborts, from any thread; step() takes them.
         self._inbox: list[Request] = []
         self._aborts: list[int] = []
         self._cond = threading.Condition()
+        self._outbox: list[tuple[Request, TokenEvent]] = []  # this step's events
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self._sink = sink
-        self._outbox: list[tuple[int, TokenEvent]] = []
-        self._sent_stats: EngineStats | None = None
 
-    # ---- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._loop, name="infertune-engine", daemon=True)
-            self._thread.start()
+    # ---- the step -----------------------------------------------------------------------------
+    def step(self) -> list[tuple[Request, TokenEvent]]:
+        """One engine step: take new requests and aborts, schedule a batch, run the model on it
+        and apply its tokens. The events it made (each request's new tokens, finishes and
+        errors); the gauges in :attr:`stats` are already up to date when they are returned."""
+        took_any = self._take_inbox()
+        batch = self.scheduler.schedule()
+        if batch.inputs:
+            self._run(batch)
+        self._update_stats()
+        if not batch.inputs and self.scheduler.has_work and not took_any:
+            time.sleep(0.001)  # nothing fits yet; should not happen, but never spin hot
+        events, self._outbox = self._outbox, []
+        return events
 
-    def stop(self) -> None:
+    @property
+    def has_work(self) -> bool:
+        """Whether :meth:`step` has anything to do (running, waiting, new or aborted requests)."""
+        return bool(self._inbox or self._aborts or self.scheduler.has_work)
+
+    def fail_all(self, message: str) -> list[tuple[Request, TokenEvent]]:
+        """End every request, running or not yet taken, with ``message``; their events."""
+        for seq_id, req in list(self._requests.items()):
+            self.scheduler.abort(seq_id)
+            self._outbox.append((req, _aborted(message)))
+        self._requests.clear()
         with self._cond:
-            self._stopping = True
-            self._cond.notify()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-            self._thread = None
+            self._outbox.extend((req, _aborted(message)) for req in self._inbox)
+            self._inbox.clear()
+        self._update_stats()
+        events, self._outbox = self._outbox, []
+        return events
+
+    def _take_inbox(self) -> bool:
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
+            aborts, self._aborts = self._aborts, []
+        sched = self.scheduler
+        for req in inbox:
+            try:
+                sched.add(req.seq)
+            except RequestRejectedError as exc:  # validated on arrival; kept as a safety net
+                self._outbox.append((req, TokenEvent([], _now(), True, "abort", str(exc))))
+                continue
+            self._requests[req.seq.seq_id] = req
+        for seq_id in aborts:
+            seq = sched.abort(seq_id)
+            if seq is not None:
+                self._outbox.append((self._requests.pop(seq_id), self._final(seq, [])))
+        return bool(inbox or aborts)
+
+    def _run(self, batch: ScheduledStep) -> None:
+        now = time.perf_counter()
+        for seq in batch.seqs:
+            req = self._requests[seq.seq_id]
+            if req.scheduled_at is None:
+                req.scheduled_at = now
+        try:
+            tokens = self.runner.execute(batch.inputs)
+            emitted = self.scheduler.update(batch, tokens)
+        except Exception as exc:  # never let one bad batch kill the server
+            log.exception("engine step failed; aborting its %d requests", len(batch.seqs))
+            failed = self.scheduler.fail(batch)
+            self._outbox.extend(
+                (self._requests.pop(s.seq_id), self._final(s, [], f"{exc}")) for s in failed
+            )
+            return
+        now = time.perf_counter()
+        for seq in emitted:
+            tok = [seq.output_ids[-1]]
+            if seq.finish_reason is None:
+                req, event = self._requests[seq.seq_id], TokenEvent(tok, now)
+            else:
+                req, event = self._requests.pop(seq.seq_id), self._final(seq, tok, time=now)
+            if not req.reported_queue_time and req.scheduled_at is not None:
+                event.queue_time = req.scheduled_at - req.arrival
+                req.reported_queue_time = True
+            self._outbox.append((req, event))
+        self.stats.num_steps += 1
+
+    @staticmethod
+    def _final(
+        seq: Sequence, tokens: list[int], error: str | None = None, *, time: float | None = None
+    ) -> TokenEvent:
+        reason = seq.finish_reason or FinishReason.ABORT
+        return TokenEvent(
+            tokens,
+            time if time is not None else _now(),
+            finished=True,
+            finish_reason=reason.value,
+            error=error,
+        )
+
+    def _update_stats(self) -> None:
+        self.stats.num_running = len(self.scheduler.running)
+        self.stats.num_waiting = len(self.scheduler.waiting)
+        self.stats.kv_usage = self.block_manager.usage
+        self.stats.num_preemptions = self.scheduler.num_preemptions
 
     def warmup(self) -> None:
         """One prefill and one decode step before serving, so no request pays one-time setup.
 
-        Call before :meth:`start`; the blocks it writes are overwritten before any request
+        Call before the first step; the blocks it writes are overwritten before any request
         reads them (a position's KV is always written before it is attended to).
         """
         if self._thread is not None:
@@ -257,10 +339,7 @@ class Engine(EngineFrontend):
         self.runner.execute([StepInput(-1, [0] * n, 0, table, True, greedy)])
         self.runner.execute([StepInput(-1, [0], n, table, True, greedy)])
 
-    def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
-
-    # ---- the asyncio side ---------------------------------------------------------------------
+    # ---- requests, from any thread ------------------------------------------------------------
     def _validate(self, seq: Sequence) -> None:
         self.scheduler.validate(seq)
 
@@ -283,140 +362,56 @@ class Engine(EngineFrontend):
             self._aborts.append(seq_id)
             self._cond.notify()
 
-    # ---- the engine thread --------------------------------------------------------------------
+    # ---- the in-process driver: a thread that steps and feeds the asyncio queues -------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="infertune-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def is_alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (
-                    self._stopping or self._inbox or self._aborts or self.scheduler.has_work
-                ):
+                while not (self._stopping or self.has_work):
                     self._cond.wait()
                 if self._stopping:
                     break
-                inbox, self._inbox = self._inbox, []
-                aborts, self._aborts = self._aborts, []
             try:
-                self._step(inbox, aborts)
+                _deliver(self.step())
             except Exception:  # a bug here must not leave every client hanging forever
                 log.exception("engine loop failed; aborting all requests")
-                self._fail_all("internal engine error")
-        self._fail_all("the engine stopped")
-
-    def _step(self, inbox: list[Request], aborts: list[int]) -> None:
-        sched = self.scheduler
-        for req in inbox:
-            try:
-                sched.add(req.seq)
-            except RequestRejectedError as exc:  # validated on arrival; kept as a safety net
-                self._deliver([(req, TokenEvent([], _now(), True, "abort", str(exc)))])
-                continue
-            self._requests[req.seq.seq_id] = req
-        for seq_id in aborts:
-            seq = sched.abort(seq_id)
-            if seq is not None:
-                self._update_stats()
-                self._deliver([(self._requests.pop(seq_id), self._final(seq, []))])
-        step = sched.schedule()
-        if step.inputs:
-            self._run(step)
-        self._update_stats()
-        self._flush()
-        if not step.inputs and sched.has_work and not inbox and not aborts:
-            time.sleep(0.001)  # nothing fits yet; should not happen, but never spin hot
-
-    def _run(self, step: ScheduledStep) -> None:
-        now = time.perf_counter()
-        for seq in step.seqs:
-            req = self._requests[seq.seq_id]
-            if req.scheduled_at is None:
-                req.scheduled_at = now
-        try:
-            tokens = self.runner.execute(step.inputs)
-            emitted = self.scheduler.update(step, tokens)
-        except Exception as exc:  # never let one bad batch kill the server
-            log.exception("engine step failed; aborting its %d requests", len(step.seqs))
-            failed = self.scheduler.fail(step)
-            self._update_stats()
-            self._deliver(
-                [(self._requests.pop(s.seq_id), self._final(s, [], f"{exc}")) for s in failed]
-            )
-            return
-        now = time.perf_counter()
-        events: list[tuple[Request, TokenEvent]] = []
-        for seq in emitted:
-            tok = [seq.output_ids[-1]]
-            if seq.finish_reason is None:
-                events.append((self._requests[seq.seq_id], TokenEvent(tok, now)))
-            else:
-                events.append((self._requests.pop(seq.seq_id), self._final(seq, tok, time=now)))
-        self._update_stats()  # before delivery: a client that saw its last token sees it gone
-        for req, event in events:
-            if not req.reported_queue_time and req.scheduled_at is not None:
-                event.queue_time = req.scheduled_at - req.arrival
-                req.reported_queue_time = True
-        self._deliver(events)
-        self.stats.num_steps += 1
-
-    @staticmethod
-    def _final(
-        seq: Sequence, tokens: list[int], error: str | None = None, *, time: float | None = None
-    ) -> TokenEvent:
-        reason = seq.finish_reason or FinishReason.ABORT
-        return TokenEvent(
-            tokens,
-            time if time is not None else _now(),
-            finished=True,
-            finish_reason=reason.value,
-            error=error,
-        )
-
-    def _deliver(self, events: list[tuple[Request, TokenEvent]]) -> None:
-        if self._sink is not None:  # shipped once per step, by _flush()
-            self._outbox.extend((req.seq.seq_id, event) for req, event in events)
-            return
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Request, TokenEvent]]] = {}
-        for req, event in events:
-            assert req.loop is not None
-            by_loop.setdefault(req.loop, []).append((req, event))
-        for loop, batch in by_loop.items():
-            # A closed loop means nobody is listening any more.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_put_all, batch)
-
-    def _flush(self) -> None:
-        """Core process: this step's events and the gauges, one message (none if nothing new)."""
-        if self._sink is None:
-            return
-        stats = replace(self.stats)  # a copy: the loop goes on updating its own
-        if self._outbox or stats != self._sent_stats:
-            events, self._outbox = self._outbox, []
-            self._sent_stats = stats
-            self._sink(events, stats)
-
-    def _update_stats(self) -> None:
-        self.stats.num_running = len(self.scheduler.running)
-        self.stats.num_waiting = len(self.scheduler.waiting)
-        self.stats.kv_usage = self.block_manager.usage
-        self.stats.num_preemptions = self.scheduler.num_preemptions
-
-    def _fail_all(self, message: str) -> None:
-        events = []
-        for seq_id, req in list(self._requests.items()):
-            self.scheduler.abort(seq_id)
-            events.append((req, TokenEvent([], _now(), True, FinishReason.ABORT.value, message)))
-        self._requests.clear()
-        with self._cond:
-            for req in self._inbox:
-                events.append(
-                    (req, TokenEvent([], _now(), True, FinishReason.ABORT.value, message))
-                )
-            self._inbox.clear()
-        self._deliver(events)
-        self._flush()
+                _deliver(self.fail_all("internal engine error"))
+        _deliver(self.fail_all("the engine stopped"))
 
 
 def _now() -> float:
     return time.perf_counter()
+
+
+def _aborted(message: str) -> TokenEvent:
+    return TokenEvent([], _now(), True, FinishReason.ABORT.value, message)
+
+
+def _deliver(events: list[tuple[Request, TokenEvent]]) -> None:
+    """Hand events to the event loops their requests came from: one callback per loop."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Request, TokenEvent]]] = {}
+    for req, event in events:
+        assert req.loop is not None
+        by_loop.setdefault(req.loop, []).append((req, event))
+    for loop, batch in by_loop.items():
+        # A closed loop means nobody is listening any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_put_all, batch)
 
 
 def _put_all(batch: list[tuple[Request, TokenEvent]]) -> None:

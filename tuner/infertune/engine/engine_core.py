@@ -1,5 +1,5 @@
-"""The engine core (scheduler, KV blocks and model) in a process of its own, so the forward
-pass never waits for the GIL and the HTTP server never sits on the step's critical path.
+"""The engine core's loop, in a process of its own (scheduler, KV blocks and model), so the
+forward pass never waits for the GIL and the HTTP server never sits on the step's critical path.
 
 A decode step is some 200 torch ops, and each one releases and re-takes the GIL. With the
 runner on a thread of the HTTP server's process, every re-take waits while the event loop
@@ -10,292 +10,93 @@ other core did not slow it, so the cost was the shared GIL.
 A first split moved only the model runner out (one pickle round trip per step). Under HTTP load
 at concurrency 8 the runner then sat idle 1.1 ms of every 9 ms step: the server's engine thread
 had to wake, update the scheduler, hand tokens to the event loop and schedule the next step
-before the runner could go on. So, as vLLM V1's EngineCore, the whole loop of
-:class:`~infertune.engine.engine.Engine` runs here: requests and aborts come down the pipe at any
-time, and each step's tokens (with the gauges for /metrics) go up in one message that the
-server's receiver thread hands to the event loop.
+before the runner could go on. So, as vLLM V1's EngineCore, the whole engine runs here:
+:func:`run_core` reads requests and aborts from the socket between calls of
+:meth:`~infertune.engine.engine.Engine.step` (blocking on it only when there is nothing to
+step), and ships each step's tokens (with the gauges for /metrics) up in one message that the
+server's receiver thread (:mod:`infertune.engine.core_client`) hands to the event loop.
 
-The child is a fresh interpreter (``python -m infertune.engine.core_process``: CUDA- and
-OpenMP-safe); it imports torch at once, then builds the runner and warms it up while the parent
-starts its server, and exits when the pipe closes. If the child dies, the server process ends by
-the same signal (or exit code): a supervisor (a trial, a kubelet) sees what killed the engine, as
-when both were one process.
+The process starts at :mod:`infertune.engine.core_process` (which imports torch first); it gets
+its :class:`~infertune.engine.serve_config.ServeConfig` from the server, builds the runner and
+warms it up while the parent starts its server, and exits when the socket closes. The messages
+are listed in :mod:`infertune.engine.core_messages`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import importlib
-import itertools
 import logging
-import os
 import signal
-import socket
-import subprocess
-import sys
-import threading
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from multiprocessing.connection import Connection
-from typing import Any, NoReturn
+from pathlib import Path
 
-from infertune.engine.block_manager import BlockManager
-from infertune.engine.core_process import CoreProcess, spawn_core
-from infertune.engine.engine import (
-    Engine,
-    EngineFrontend,
-    EngineStats,
-    Request,
-    TokenEvent,
-)
-from infertune.engine.scheduler import Scheduler, Sequence
+from infertune.engine.build import build_runner
+from infertune.engine.core_messages import RunnerInfo
+from infertune.engine.engine import Engine, EngineStats, Request, TokenEvent
+from infertune.engine.serve_config import ServeConfig
+
+__all__ = ["run_core"]
 
 log = logging.getLogger(__name__)
 
 
-class RunnerStartError(RuntimeError):
-    """The runner could not be built (a bad knob value, a missing model): the message says why."""
-
-
-@dataclass(frozen=True)
-class RunnerInfo:
-    num_kv_blocks: int
-    block_size: int
-    weight_bytes: int
-
-
-class RemoteEngine(EngineFrontend):
-    """The server's handle on the engine-core process: admits requests (validation and the
-    ``max_waiting`` bound are answered here, synchronously, so the server can reply 400/503 at
-    once), forwards them, and feeds each request's asyncio queue from the core's messages."""
-
-    def __init__(
-        self,
-        build: str,
-        kwargs: dict[str, Any],
-        engine_kwargs: dict[str, Any],
-        log_level: str = "WARNING",
-        core: CoreProcess | None = None,
-    ) -> None:
-        """``build`` names ``module:function``; ``function(**kwargs)`` runs in the child and
-        returns the runner (by name: the server's own module may be ``__main__``).
-        ``engine_kwargs`` are :class:`Engine`'s settings (``max_model_len``, ``max_num_seqs``...).
-        ``core``: a process :func:`spawn_core` started earlier (it has been importing torch)."""
-        self.max_model_len = int(engine_kwargs["max_model_len"])
-        self.max_waiting = int(engine_kwargs.get("max_waiting", 512))
-        self.eos_token_ids = frozenset(engine_kwargs.get("eos_token_ids", ()))
-        self.stats = EngineStats()
-        core = core or spawn_core()
-        self._proc, ours = core.proc, core.sock
-        # Kept to shut the socket down on close: closing the fd alone neither wakes the
-        # receiver thread blocked in recv() on it nor lets the child see EOF (the blocked call
-        # holds the socket open), so shutdown waited out close()'s 10 s timeout.
-        self._sock = ours
-        self._conn = Connection(os.dup(ours.fileno()))
-        self._conn.send((build, kwargs, engine_kwargs, log_level))
-        self._send_lock = threading.Lock()  # callers on any thread share one pipe
-        self._info: RunnerInfo | None = None
-        self._validator: Scheduler | None = None
-        self._ids = itertools.count()
-        # seq_id -> (loop, queue) of live requests, and those not yet scheduled (no event yet);
-        # both touched under _lock by the event loop and the receiver thread.
-        self._lock = threading.Lock()
-        self._requests: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue[TokenEvent]]] = {}
-        self._unscheduled: set[int] = set()
-        self._receiver: threading.Thread | None = None
-        self._closing = False
-        # An idle server sends nothing down the pipe, so a dead core would go unnoticed (and
-        # /health stay green) until the next request: watch the process itself.
-        threading.Thread(target=self._watch, name="infertune-core-watch", daemon=True).start()
-
-    # ---- lifecycle ----------------------------------------------------------------------------
-    def wait_ready(self) -> RunnerInfo:
-        """Block until the child has built and warmed up its engine; :class:`RunnerStartError`
-        if it could not (a knob this setup cannot run, named by the message)."""
-        if self._info is None:
-            kind, payload = self._recv()
-            if kind != "ready":
-                self.close()
-                raise RunnerStartError(str(payload))
-            self._info = payload
-            blocks = BlockManager(payload.num_kv_blocks, payload.block_size)
-            self._validator = Scheduler(
-                blocks, max_num_seqs=1, max_num_batched_tokens=1, max_model_len=self.max_model_len
-            )
-        return self._info
-
-    def warmup(self) -> None:
-        self.wait_ready()  # the core warms up before it reports ready
-
-    def start(self) -> None:
-        self.wait_ready()
-        if self._receiver is None:
-            self._receiver = threading.Thread(
-                target=self._receive, name="infertune-core-receiver", daemon=True
-            )
-            self._receiver.start()
-
-    def stop(self) -> None:
-        self.close()
-
-    def is_alive(self) -> bool:
-        return (
-            self._receiver is not None and self._receiver.is_alive() and self._proc.poll() is None
-        )
-
-    def close(self) -> None:
-        self._closing = True
-        with contextlib.suppress(OSError):  # the child's recv sees EOF; it stops and exits
-            self._sock.shutdown(socket.SHUT_RDWR)
-        self._conn.close()
-        self._sock.close()
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
-
-    # ---- the asyncio side ---------------------------------------------------------------------
-    def _validate(self, seq: Sequence) -> None:
-        assert self._validator is not None, "start() first"
-        self._validator.validate(seq)
-
-    def _admit(self, req: Request) -> None:
-        # A request counts as waiting until its first event (the core's gauge lags a step).
-        assert req.loop is not None and req.queue is not None
-        seq_id = req.seq.seq_id
-        with self._lock:
-            if len(self._unscheduled) >= self.max_waiting:
-                raise self._overloaded()
-            self._requests[seq_id] = (req.loop, req.queue)
-            self._unscheduled.add(seq_id)
-        self._send(("add", req.seq, req.arrival))
-
-    def abort(self, seq_id: int) -> None:
-        with self._lock:
-            known = self._requests.pop(seq_id, None) is not None
-            self._unscheduled.discard(seq_id)
-        if known:
-            self._send(("abort", seq_id))
-
-    # ---- the receiver thread ------------------------------------------------------------------
-    def _receive(self) -> None:
-        while True:
-            try:
-                events, stats = self._conn.recv()
-            except (EOFError, ConnectionResetError, OSError):
-                if self._closing:
-                    return
-                self._child_died()
-            self.stats.restore(stats)
-            by_loop: dict[
-                asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[TokenEvent], TokenEvent]]
-            ] = {}
-            with self._lock:
-                for seq_id, event in events:
-                    target = self._requests.get(seq_id)
-                    if target is None:  # aborted meanwhile: nobody listens
-                        continue
-                    if event.queue_time is not None or event.finished:
-                        self._unscheduled.discard(seq_id)
-                    if event.finished:
-                        del self._requests[seq_id]
-                    by_loop.setdefault(target[0], []).append((target[1], event))
-            for loop, batch in by_loop.items():
-                with contextlib.suppress(RuntimeError):  # a closed loop: nobody is listening
-                    loop.call_soon_threadsafe(_put_each, batch)
-
-    def _send(self, message: Any) -> None:
-        try:
-            with self._send_lock:
-                self._conn.send(message)
-        except (BrokenPipeError, ConnectionResetError, OSError):
-            if not self._closing:
-                self._child_died()
-
-    def _recv(self) -> tuple[str, Any]:
-        try:
-            message: tuple[str, Any] = self._conn.recv()
-        except (EOFError, ConnectionResetError, OSError):
-            self._child_died()
-        return message
-
-    def _watch(self) -> None:
-        self._proc.wait()
-        # Before "ready" the main thread is reading the pipe and reports the start-up error.
-        if not self._closing and self._info is not None:
-            self._child_died()
-
-    def _child_died(self) -> NoReturn:
-        try:
-            code: int | None = self._proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # the pipe broke but the process lingers
-            self._proc.kill()
-            code = None
-        log.critical("the engine core process ended (exit %s); the server stops with it", code)
-        sys.stderr.flush()
-        if code is not None and code < 0:  # killed by a signal: die of the same one
-            sig = -code
-            # Those this process handles or ignores (asyncio's stop, Python's Ctrl-C, SIGPIPE)
-            # would not end it, and a handler can be reset only on the main thread.
-            if sig not in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-                os.kill(os.getpid(), sig)
-            os._exit(128 + sig)
-        os._exit(code if code else 1)
-
-
-def _put_each(batch: list[tuple[asyncio.Queue[TokenEvent], TokenEvent]]) -> None:
-    for queue, event in batch:
-        queue.put_nowait(event)
-
-
-def _child_main(conn: Connection, torch_import_s: float) -> None:
+def run_core(conn: Connection, torch_import_s: float) -> None:
     """The engine-core process, after ``core_process``'s entry set PDEATHSIG and imported torch."""
     waiting = time.perf_counter()
     try:
-        build, kwargs, engine_kwargs, log_level = conn.recv()
+        config, model_dir = conn.recv()
     except (EOFError, OSError):  # the server died before it sent the recipe
         return
-    logging.basicConfig(level=log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    assert isinstance(config, ServeConfig) and isinstance(model_dir, Path)
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(levelname)s %(name)s: %(message)s"
+    )
     log.info(
         "engine core: torch imported in %.2f s; then waited %.2f s for the server's recipe",
         torch_import_s,
         time.perf_counter() - waiting,
     )
-    module, _, name = build.partition(":")
     # The server decides when to stop (Ctrl-C or SIGTERM to the process group): it finishes
-    # its shutdown and then closes the pipe, which ends this loop. A parent that dies without
+    # its shutdown and then closes the socket, which ends this loop. A parent that dies without
     # doing so takes this process with it (PDEATHSIG).
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     try:
-        runner = getattr(importlib.import_module(module), name)(**kwargs)
+        runner = build_runner(config, model_dir)
     except (ValueError, SystemExit, OSError) as exc:  # a knob or path this setup cannot use
         conn.send(("error", str(exc)))
         return
-    send_lock = threading.Lock()
-
-    def ship(events: list[tuple[int, TokenEvent]], stats: EngineStats) -> None:
-        try:
-            with send_lock:
-                conn.send((events, stats))
-        except (BrokenPipeError, OSError):  # the server is gone; PDEATHSIG or EOF ends us
-            pass
-
-    engine = Engine(runner, sink=ship, **engine_kwargs)
+    engine = Engine(runner, **config.engine_kwargs(runner.config))
     engine.warmup()
     conn.send(("ready", RunnerInfo(runner.num_kv_blocks, runner.block_size, runner.weight_bytes())))
-    engine.start()
+    sent: EngineStats | None = None
+
+    def ship(events: list[tuple[Request, TokenEvent]]) -> None:
+        """One message per step: its events and the gauges (none if nothing changed)."""
+        nonlocal sent
+        stats = replace(engine.stats)  # a copy: the engine goes on updating its own
+        if events or stats != sent:
+            sent = stats
+            with contextlib.suppress(BrokenPipeError, OSError):  # the server is gone; EOF ends us
+                conn.send(([(req.seq.seq_id, event) for req, event in events], stats))
+
     try:
         while True:
-            try:
+            # Idle: wait for the server. Busy: take whatever has arrived, then step.
+            while not engine.has_work or conn.poll():
                 message = conn.recv()
-            except (EOFError, OSError):  # the server closed the pipe or died
-                return
-            if message[0] == "add":
-                engine.submit(message[1], message[2])
-            elif message[0] == "abort":
-                engine.abort(message[1])
+                if message[0] == "add":
+                    engine.submit(message[1], message[2])
+                elif message[0] == "abort":
+                    engine.abort(message[1])
+            try:
+                ship(engine.step())
+            except Exception:  # a bug here must not leave every client hanging forever
+                log.exception("engine loop failed; aborting all requests")
+                ship(engine.fail_all("internal engine error"))
+    except (EOFError, OSError):  # the server closed the socket or died
+        return
     finally:
-        engine.stop()
+        ship(engine.fail_all("the engine stopped"))
