@@ -40,6 +40,7 @@ typecheck: venv
 
 contracts: venv
 	$(BIN)/lint-imports
+	$(BIN)/python scripts/check_import_cycles.py
 
 crds: venv
 	$(BIN)/infertune crds --out crds/inferenceservices.infertune.dev.yaml --out charts/infertune/crds/inferenceservices.infertune.dev.yaml
