@@ -73,10 +73,7 @@ def record(run: CanaryRun, met: bool | None, violating: list[str], now: str) -> 
 
 
 def describe(config: ServingConfig) -> str:
-    return (
-        f"{config.engine}/{config.quantization} maxNumSeqs={config.max_num_seqs} "
-        f"(config {config.config_hash})"
-    )
+    return f"{config.describe()} (config {config.config_hash})"
 
 
 async def start(ctx: Ctx, config: ServingConfig) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from infertune.operator.api import Figures, RetunePolicy, ServingConfig
 from infertune.tuner.api import SLO, LengthDistribution, TrafficProfile
+from infertune.tuner.verdict import judge, judge_figures
 
 REASON_SLO = "SLOViolation"
 REASON_DRIFT = "TrafficDrift"
@@ -14,24 +15,13 @@ REASON_HARDWARE = "HardwareChanged"
 
 
 def slo_check(slo: SLO, at_percentile: dict[str, float | None]) -> tuple[bool | None, list[str]]:
-    """(met, violating) from each bound metric's observed value (ms) at the SLO's own percentile.
+    """(met, violating) from each bound metric's observed value (ms) at the SLO's own percentile:
+    the tuner's verdict (:func:`infertune.tuner.verdict.judge`) on a live window.
 
     met is None when no bound metric has an observation (no traffic in the window).
     """
-    violating: list[str] = []
-    seen = 0
-    for metric, objective in slo.bounds().items():
-        value = at_percentile.get(metric)
-        if value is None:
-            continue
-        seen += 1
-        if value > objective.max.ms:
-            violating.append(
-                f"{metric} {objective.percentile} {value:.1f}ms > {objective.max.ms:g}ms"
-            )
-    if seen == 0:
-        return None, []
-    return not violating, violating
+    verdict = judge(slo, at_percentile)
+    return verdict.met, verdict.violating
 
 
 @dataclass
@@ -210,26 +200,25 @@ def observed_traffic(
     return TrafficProfile.model_validate({**base.model_dump(), **update})
 
 
-def _meets(margins: dict[str, float]) -> bool:
-    return all(v >= 0 for v in margins.values())
-
-
 def beats_live(
     candidate: ServingConfig,
     live: ServingConfig,
     live_observed: Figures | None,
     live_violating: list[str],
-    objective: str,
+    slo: SLO,
     min_gain: float,
 ) -> tuple[bool, str]:
     """Whether a retuned winner should replace the live config, and why (for the history).
 
     The candidate's figures were measured by the tuner on the new traffic; the live config's come
-    from the live observation on that same traffic.
+    from the live observation on that same traffic. Both sides are judged by the one verdict and
+    compared on the one goodput (:mod:`infertune.tuner.verdict`): the tuner counts good requests,
+    the live check estimates the same count from its histograms.
     """
     if candidate.config_hash is not None and candidate.config_hash == live.config_hash:
         return False, "the retune chose the live configuration again"
-    cand_ok = _meets(candidate.slo_margins_ms)
+    measured = (candidate.measured or Figures()).to_wire()
+    cand_ok = judge_figures(slo, measured).fully_met
     if cand_ok and live_violating:
         return True, "meets the SLOs the live configuration misses (" + "; ".join(
             live_violating
@@ -238,7 +227,7 @@ def beats_live(
         return False, "misses SLOs the live configuration meets"
     m = candidate.measured or Figures()
     lo = live_observed or Figures()
-    key = "goodput_rps" if objective == "goodput" else "output_tokens_per_second"
+    key = "goodput_rps" if slo.objective == "goodput" else "output_tokens_per_second"
     new, old = getattr(m, key), getattr(lo, key)
     if new is None:
         return False, f"the retune reported no {key}"

@@ -9,8 +9,6 @@ from typing import Any
 from infertune.operator.api import InferenceServiceSpec, ServingConfig
 from infertune.tuner.api import TuningSpec
 
-KNOBS = ("engine", "quantization", "max_num_seqs", "max_num_batched_tokens", "kv_block_size")
-
 
 def canonical(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
@@ -36,6 +34,5 @@ def run_hash(tuning: TuningSpec, gpu_product: str | None) -> str:
 
 def config_hash(config: ServingConfig, model_uri: str, image: str) -> str:
     """Identity of a serving pod template's behaviour: knobs + model + image (measured figures excluded)."""
-    knobs = {k: getattr(config, k) for k in KNOBS}
-    knobs["cuda_graph"] = config.cuda_graph
+    knobs = config.candidate().to_dict()
     return digest({"knobs": knobs, "model": model_uri, "image": image})[:16]

@@ -10,14 +10,19 @@ from prometheus_client.parser import text_string_to_metric_families
 
 # The engines' metric families (vLLM's names; the builtin engine exposes the same ones).
 TTFT = "vllm:time_to_first_token_seconds"
-# The per-token gap histogram (the SLO's `itl` bound reads it): vLLM's TPOT name, and the name
-# vLLM >= 0.10 gives the same histogram.
-TPOT = "vllm:time_per_output_token_seconds"
-TPOT_RENAMED = "vllm:inter_token_latency_seconds"
+# Inter-token latency, one observation per gap between consecutive tokens (the SLO's `itl`
+# percentile reads it). vLLM before 0.10 called the same histogram time_per_output_token (deprecated
+# since); the built-in engine exports both names.
+ITL = "vllm:inter_token_latency_seconds"
+ITL_DEPRECATED = "vllm:time_per_output_token_seconds"
+# One observation per request: its mean gap (goodput judges the ITL bound by it).
+REQUEST_TPOT = "vllm:request_time_per_output_token_seconds"
 E2E = "vllm:e2e_request_latency_seconds"
 PROMPT = "vllm:request_prompt_tokens"
 OUTPUT = "vllm:request_generation_tokens"
-FAMILIES = (TTFT, TPOT, TPOT_RENAMED, E2E, PROMPT, OUTPUT)
+FAMILIES = (TTFT, ITL, REQUEST_TPOT, E2E, PROMPT, OUTPUT)
+# Older names of a family, read when an engine exports only those.
+OLDER_NAMES: dict[str, tuple[str, ...]] = {ITL: (ITL_DEPRECATED,)}
 
 
 @dataclass
@@ -85,9 +90,10 @@ class Histogram:
 
 def parse_exposition(text: str, families: tuple[str, ...] = FAMILIES) -> dict[str, Histogram]:
     """The named histogram families from a /metrics text, each summed over its label sets."""
+    older = {old: name for name in families for old in OLDER_NAMES.get(name, ())}
     out: dict[str, Histogram] = {}
     for family in text_string_to_metric_families(text):
-        if family.name not in families or family.type != "histogram":
+        if (family.name not in families and family.name not in older) or family.type != "histogram":
             continue
         hist = out.setdefault(family.name, Histogram())
         for sample in family.samples:
@@ -98,6 +104,9 @@ def parse_exposition(text: str, families: tuple[str, ...] = FAMILIES) -> dict[st
                 hist.sum += float(sample.value)
             elif sample.name.endswith("_count"):
                 hist.count += float(sample.value)
-    if TPOT_RENAMED in out and TPOT not in out:
-        out[TPOT] = out.pop(TPOT_RENAMED)
+    for old, name in older.items():
+        # An engine exporting both names counts each gap in both: read the current one only.
+        if old in out:
+            found = out.pop(old)
+            out.setdefault(name, found)
     return out

@@ -16,17 +16,24 @@ import aiohttp
 from infertune.operator.api import Figures
 from infertune.operator.histograms import (
     E2E,
+    FAMILIES,
+    ITL,
+    OLDER_NAMES,
     OUTPUT,
     PROMPT,
-    TPOT,
+    REQUEST_TPOT,
     TTFT,
     Histogram,
     parse_exposition,
 )
 from infertune.tuner.api import SLO
+from infertune.tuner.api.base import PERCENTILES
+from infertune.tuner.verdict import goodput_from_shares
 
-METRIC_FAMILY = {"ttft": TTFT, "itl": TPOT, "e2e": E2E}
-FAMILIES = (TTFT, TPOT, E2E, PROMPT, OUTPUT)
+# Each SLO metric's histogram for its percentiles (ITL per gap) ...
+METRIC_FAMILY = {"ttft": TTFT, "itl": ITL, "e2e": E2E}
+# ... and for a request's goodput verdict (ITL by the request's mean gap; see tuner.verdict).
+REQUEST_FAMILY = {"ttft": TTFT, "itl": REQUEST_TPOT, "e2e": E2E}
 # The shortest window either source judges: Prometheus' increase() needs two samples of its
 # scrape interval, and the operator's own scraper spans the same so that a verdict (and whether
 # a window holds enough requests to count toward drift) does not depend on which source answered.
@@ -64,8 +71,8 @@ def summarise(window: Window, slo: SLO) -> Live:
     fig: dict[str, Any] = {}
     for metric, family in METRIC_FAMILY.items():
         hist = h.get(family)
-        for p in (50, 95, 99):
-            fig[f"{metric}_p{p}_ms"] = _ms(hist.quantile(p / 100)) if hist else None
+        for p, q in PERCENTILES.items():
+            fig[f"{metric}_{p}_ms"] = _ms(hist.quantile(q / 100)) if hist else None
     at: dict[str, float | None] = {}
     for metric, objective in slo.bounds().items():
         hist = h.get(METRIC_FAMILY[metric])
@@ -80,16 +87,14 @@ def summarise(window: Window, slo: SLO) -> Live:
     fig["output_tokens_per_second"] = (
         round(out_hist.sum / seconds, 3) if out_hist and out_hist.count else None
     )
-    # Goodput: requests/s meeting every request-level bound. Bounds are judged separately per
-    # histogram, so the share is the smallest per-bound share (an upper estimate of the joint one).
+    # Goodput as the tuner defines it, estimated from each bound's share of requests within it.
     if rate is not None:
         shares = [
-            h[METRIC_FAMILY[m]].fraction_below(float(o.max))
+            h[REQUEST_FAMILY[m]].fraction_below(float(o.max))
             for m, o in slo.bounds().items()
-            if m != "itl" and METRIC_FAMILY[m] in h
+            if REQUEST_FAMILY[m] in h
         ]
-        known = [s for s in shares if s is not None]
-        fig["goodput_rps"] = round(rate * min(known), 4) if known else round(rate, 4)
+        fig["goodput_rps"] = round(goodput_from_shares(rate, shares), 4)
     return Live(
         figures=Figures.model_validate(fig),
         at_percentile=at,
@@ -235,14 +240,18 @@ class PrometheusSource:
         hists: dict[str, Histogram] = {}
         async with aiohttp.ClientSession() as session:
             for family in FAMILIES:
-                rows = await self._query(
-                    session, promql_bucket_query(family, namespace, pod_regex, span)
-                )
+                # An engine that exports only a family's older name is read under that name.
+                for name in (family, *OLDER_NAMES.get(family, ())):
+                    rows = await self._query(
+                        session, promql_bucket_query(name, namespace, pod_regex, span)
+                    )
+                    if rows:
+                        break
                 if not rows:
                     continue
                 buckets = {float(r["metric"]["le"]): float(r["value"][1]) for r in rows}
                 sums = await self._query(
-                    session, promql_sum_query(family, namespace, pod_regex, span)
+                    session, promql_sum_query(name, namespace, pod_regex, span)
                 )
                 total = max(buckets.values())
                 hists[family] = Histogram(

@@ -18,17 +18,8 @@ from infertune.operator.runtime import Runtime
 
 
 def describe(config: ServingConfig) -> str:
-    m = config.measured
-    figures = ""
-    if m is not None and m.ttft_p95_ms is not None:
-        figures = f", TTFT p95 {m.ttft_p95_ms:.0f}ms"
-    if m is not None and m.goodput_rps is not None:
-        figures += f", goodput {m.goodput_rps:.2f} req/s"
-    graph = "cuda-graph" if config.cuda_graph else "no cuda-graph"
-    return (
-        f"{config.engine}/{config.quantization} maxNumSeqs={config.max_num_seqs} "
-        f"maxNumBatchedTokens={config.max_num_batched_tokens} kvBlockSize={config.kv_block_size} {graph}{figures}"
-    )
+    """The config and what the tuner measured for it, for conditions, events and the history."""
+    return config.describe(figures=True)
 
 
 async def replace_live(ctx: Ctx, config: ServingConfig) -> None:

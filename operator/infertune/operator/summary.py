@@ -5,23 +5,19 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infertune.operator.api import Figures, Profile, ServingConfig
 from infertune.operator.api.status import PhaseProfile
+from infertune.tuner.api.base import to_camel
+from infertune.tuner.candidate import Candidate
 
 SUMMARY_VERSION = 1
 
 
-def contract_key(field: str) -> str:
-    """The contract's camelCase for a snake_case field: e2e_p95_ms -> e2eP95Ms."""
-    first, *rest = field.split("_")
-    return first + "".join(part[:1].upper() + part[1:] for part in rest)
-
-
 def figures_by_field(measured: dict[str, float | None]) -> dict[str, float]:
     """Contract keys -> Figures field names (by name, not alias: the aliases differ for e2e)."""
-    names = {contract_key(name): name for name in Figures.model_fields}
+    names = {to_camel(name): name for name in Figures.model_fields}
     return {names[k]: v for k, v in measured.items() if k in names and v is not None}
 
 
@@ -30,14 +26,20 @@ class _Camel(BaseModel):
 
 
 class SummaryBest(_Camel):
-    engine: str
-    quantization: str
-    max_num_seqs: int = Field(alias="maxNumSeqs")
-    max_num_batched_tokens: int = Field(alias="maxNumBatchedTokens")
-    kv_block_size: int = Field(alias="kvBlockSize")
-    cuda_graph: bool = Field(alias="cudaGraph")
+    """The winner: its knobs (camelCase, as the declaration names them), figures and margins."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
     measured: dict[str, float | None] = Field(default_factory=dict)
     slo_margins_ms: dict[str, float] = Field(default_factory=dict, alias="sloMarginsMs")
+
+    @model_validator(mode="after")
+    def _knobs_complete(self) -> SummaryBest:
+        self.candidate()  # raises ValueError naming a missing or mistyped knob
+        return self
+
+    def candidate(self) -> Candidate:
+        return Candidate.from_wire(self.model_extra or {})
 
 
 class Summary(_Camel):
@@ -59,13 +61,8 @@ class Summary(_Camel):
         if self.best is None:
             return None
         b = self.best
-        return ServingConfig(
-            engine=b.engine,
-            quantization=b.quantization,
-            max_num_seqs=b.max_num_seqs,
-            max_num_batched_tokens=b.max_num_batched_tokens,
-            kv_block_size=b.kv_block_size,
-            cuda_graph=b.cuda_graph,
+        return ServingConfig.of(
+            b.candidate(),
             measured=Figures.model_validate(figures_by_field(b.measured)),
             slo_margins_ms=dict(b.slo_margins_ms),
         )

@@ -237,7 +237,7 @@ async def _ingest_summary(
         ctx.condition("Tuned", "False", "NoConfiguration", why)
         ctx.event("Warning", "NoConfiguration", why)
         return
-    image = ctx.rt.settings.image_for(config.engine)
+    image = ctx.rt.settings.image_for(config.candidate().engine)
     config.config_hash = config_hash(config, ctx.isvc.spec.model.uri, image)
     st.best = config
     trials = f"{summary.trials_completed}/{summary.trials_total} trials"
@@ -268,7 +268,7 @@ async def _ingest_summary(
         live,
         observed.figures if observed else None,
         observed.violating if observed else [],
-        ctx.isvc.spec.slo.objective,
+        ctx.isvc.spec.slo,
         ctx.rt.settings.min_gain,
     )
     if ok:

@@ -171,26 +171,30 @@ def test_a_slower_observed_rate_shortens_the_request_count_not_beyond_twenty() -
 def test_rollout_only_when_the_retune_beats_live() -> None:
     live = cfg()
     same = cfg(config_hash="live", slo_margins_ms={"ttft": 10.0})
-    assert beats_live(same, live, None, [], "goodput", 0.05) == (
+    assert beats_live(same, live, None, [], SLO_, 0.05) == (
         False,
         "the retune chose the live configuration again",
     )
     better = cfg(
         config_hash="new",
         quantization="int8",
-        slo_margins_ms={"ttft": 50.0},
-        measured={"goodputRps": 8.0},
+        measured={"goodputRps": 8.0, "ttftP95Ms": 250.0, "itlP95Ms": 20.0},
     )
     ok, why = beats_live(
-        better, live, Figures(goodput_rps=5.0), ["ttft p95 400ms > 300ms"], "goodput", 0.05
+        better, live, Figures(goodput_rps=5.0), ["ttft p95 400ms > 300ms"], SLO_, 0.05
     )
     assert ok and "meets the SLOs" in why
-    ok, why = beats_live(better, live, Figures(goodput_rps=7.9), [], "goodput", 0.05)
+    ok, why = beats_live(better, live, Figures(goodput_rps=7.9), [], SLO_, 0.05)
     assert not ok and "gain below 5%" in why
-    ok, _ = beats_live(better, live, Figures(goodput_rps=6.0), [], "goodput", 0.05)
+    ok, _ = beats_live(better, live, Figures(goodput_rps=6.0), [], SLO_, 0.05)
     assert ok
-    worse = cfg(config_hash="new", slo_margins_ms={"ttft": -20.0}, measured={"goodputRps": 9.0})
-    assert not beats_live(worse, live, Figures(goodput_rps=6.0), [], "goodput", 0.05)[0]
+    worse = cfg(
+        config_hash="new", measured={"goodputRps": 9.0, "ttftP95Ms": 320.0, "itlP95Ms": 20.0}
+    )
+    assert not beats_live(worse, live, Figures(goodput_rps=6.0), [], SLO_, 0.05)[0]
+    # A winner that never measured a bound is not taken to meet it.
+    unmeasured = cfg(config_hash="new", measured={"goodputRps": 9.0, "ttftP95Ms": 250.0})
+    assert not beats_live(unmeasured, live, Figures(goodput_rps=6.0), [], SLO_, 0.05)[0]
 
 
 def test_steady_observations_are_not_rewritten() -> None:

@@ -9,9 +9,16 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from fake_engine_metrics import FakeEngine
 
-from infertune.operator.histograms import E2E, OUTPUT, PROMPT, TPOT, TTFT, parse_exposition
+from infertune.operator.histograms import (
+    E2E,
+    ITL,
+    ITL_DEPRECATED,
+    PROMPT,
+    TTFT,
+    parse_exposition,
+)
 from infertune.operator.histograms import Histogram as Hist
 from infertune.operator.monitor import (
     PrometheusError,
@@ -23,33 +30,6 @@ from infertune.operator.monitor import (
     summarise,
 )
 from infertune.tuner.api import SLO
-
-BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-TOKENS = (16, 32, 64, 128, 256, 512, 1024, 2048)
-
-
-class FakeEngine:
-    """An engine's metrics the way vLLM (and the builtin engine) expose them."""
-
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        labels = ["model_name"]
-        self.ttft = Histogram(TTFT, "ttft", labels, buckets=BUCKETS, registry=self.registry)
-        self.itl = Histogram(TPOT, "itl", labels, buckets=BUCKETS, registry=self.registry)
-        self.e2e = Histogram(E2E, "e2e", labels, buckets=BUCKETS, registry=self.registry)
-        self.prompt = Histogram(PROMPT, "prompt", labels, buckets=TOKENS, registry=self.registry)
-        self.output = Histogram(OUTPUT, "output", labels, buckets=TOKENS, registry=self.registry)
-
-    def request(self, ttft: float, itl: float, prompt: int, output: int) -> None:
-        self.ttft.labels("m").observe(ttft)
-        for _ in range(output - 1):
-            self.itl.labels("m").observe(itl)
-        self.e2e.labels("m").observe(ttft + itl * (output - 1))
-        self.prompt.labels("m").observe(prompt)
-        self.output.labels("m").observe(output)
-
-    def text(self) -> str:
-        return generate_latest(self.registry).decode()
 
 
 def test_quantiles_match_histogram_quantile_semantics() -> None:
@@ -224,3 +204,15 @@ def test_prometheus_failures_are_one_error_type_with_a_short_reason() -> None:
     assert "parse error" in bad
     assert "query failed" in html
     assert "Connect" in closed and len(closed) < 300
+
+
+def test_an_engine_with_the_deprecated_itl_name_is_read_and_one_with_both_is_not_counted_twice() -> (
+    None
+):
+    old, both = FakeEngine(itl_names=(ITL_DEPRECATED,)), FakeEngine(itl_names=(ITL, ITL_DEPRECATED))
+    for engine in (old, both):
+        for _ in range(10):
+            engine.request(ttft=0.1, itl=0.02, prompt=40, output=11)
+    assert parse_exposition(old.text())[ITL].count == 100
+    hists = parse_exposition(both.text())
+    assert hists[ITL].count == 100 and ITL_DEPRECATED not in hists

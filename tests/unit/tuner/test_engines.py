@@ -7,6 +7,7 @@ import pytest
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines import ADAPTERS, AdapterError, get_adapter
 from infertune.tuner.hardware import Hardware
+from infertune.tuner.knobs import SERVING_KNOBS
 
 
 def cfg(engine: str, quant: str = "bf16", graph: bool = False) -> Candidate:
@@ -23,7 +24,8 @@ def test_every_adapter_conforms(name: str, cpu: Hardware, gpu: Hardware) -> None
     adapter = get_adapter(name)
     assert adapter.name == name
     assert adapter.health_path.startswith("/")
-    assert {"ttft", "itl"} <= set(adapter.metrics)
+    # Its flag table maps exactly the declared knobs it honours (infertune.tuner.knobs).
+    assert set(adapter.knob_flags) == {k.name for k in SERVING_KNOBS.honoured_by(name)}
     for hw in (cpu, gpu):
         caps = adapter.capabilities(hw)
         assert caps.quantizations

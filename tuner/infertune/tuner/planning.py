@@ -19,6 +19,7 @@ from infertune.tuner.candidate import Candidate
 from infertune.tuner.modelprofile import ModelProfile
 from infertune.tuner.roofline import Prediction, StepModel, decode_floor, predict, prefill_floor
 from infertune.tuner.space import Space
+from infertune.tuner.verdict import figure_key
 
 
 def prune_by_roofline(
@@ -193,7 +194,7 @@ def calibrate(
     cores, and on a small model that overhead is most of a step."""
     scale: Scale = {}
     for metric, obj in spec.slo.bounds().items():
-        key = f"{metric}{obj.percentile.upper()}Ms"
+        key = figure_key(metric, obj.percentile)
         ratios = []
         for c, figures in measured.items():
             got = figures.get(key, 0.0)

@@ -7,7 +7,6 @@ import math
 from pathlib import Path
 from typing import Any
 
-from infertune.tuner.candidate import KNOBS
 from infertune.tuner.result import TrialRecord, TuningResult
 
 
@@ -46,7 +45,10 @@ def _plots(result: TuningResult, out: Path, importance: dict[str, float]) -> lis
     ax.legend()
     made.append(_save(fig, out / "pareto.png", "Pareto front"))
 
-    knobs = [k for k in KNOBS if len({str(t.config.get(k)) for t in measured}) > 1]
+    # The knobs are whatever the configurations carry (their declared order): a knob added to the
+    # declaration appears here without a change to the report.
+    names = list(dict.fromkeys(k for t in measured for k in t.config))
+    knobs = [k for k in names if len({str(t.config.get(k)) for t in measured}) > 1]
     if knobs:
         fig, axes = plt.subplots(1, len(knobs), figsize=(3.2 * len(knobs), 3.2), squeeze=False)
         for ax, knob in zip(axes[0], knobs, strict=True):
@@ -114,7 +116,7 @@ def markdown(result: TuningResult, plots: list[tuple[str, str]]) -> str:
         b = result.best
         title = "Winner" if result.status == "succeeded" else "Closest configuration (SLOs not met)"
         lines += [f"## {title}", "", "| knob | value |", "|---|---|"]
-        lines += [f"| {k} | {b.config.get(k)} |" for k in KNOBS]
+        lines += [f"| {k} | {v} |" for k, v in b.config.items()]
         lines += ["", "| metric | measured | SLO margin (ms) |", "|---|---|---|"]
         for key, value in b.figures.items():
             metric = key[:4] if key.startswith("ttft") else key[:3]
@@ -152,7 +154,7 @@ def markdown(result: TuningResult, plots: list[tuple[str, str]]) -> str:
         lines.append("")
     lines += ["## Trials", "", "| # | configuration | outcome | objective | ttft p95 | itl p95 | note |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for t in sorted(result.trials, key=lambda t: t.number):
-        cfg = " ".join(f"{t.config.get(k)}" for k in KNOBS if k in t.config)
+        cfg = " ".join(str(v) for v in t.config.values())
         lines.append(
             f"| {t.number}{'*' if t.seeded else ''} | {cfg} | {t.outcome} | {_fmt(t.objective)} | "
             f"{_fmt(t.figures.get('ttftP95Ms'))} | {_fmt(t.figures.get('itlP95Ms'))} | "

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infertune.tuner.api import SLO
+from infertune.tuner.api.base import to_camel
 from infertune.tuner.trial import FIGURE_KEYS
+from infertune.tuner.verdict import figure_key
 
 SUMMARY_LIMIT = 4096  # bytes of a Kubernetes termination message
 SUMMARY_VERSION = 1
@@ -93,7 +95,7 @@ def binding_constraint(trials: list[TrialRecord], slo: SLO) -> str | None:
         return None
     worst: tuple[float, str] | None = None
     for metric, obj in slo.bounds().items():
-        key = f"{metric}{obj.percentile.upper()}Ms"
+        key = figure_key(metric, obj.percentile)
         values = [t.figures[key] for t in measured if key in t.figures]
         if not values:
             continue
@@ -119,15 +121,8 @@ def binding_constraint(trials: list[TrialRecord], slo: SLO) -> str | None:
 
 
 def _serving(best: TrialRecord) -> dict[str, Any]:
-    c = best.config
-    out: dict[str, Any] = {
-        "engine": c["engine"],
-        "quantization": c["quantization"],
-        "maxNumSeqs": c["max_num_seqs"],
-        "maxNumBatchedTokens": c["max_num_batched_tokens"],
-        "kvBlockSize": c["kv_block_size"],
-        "cudaGraph": c["cuda_graph"],
-    }
+    # The record's knobs as it carries them (each knob's wire name is its camelCase).
+    out: dict[str, Any] = {to_camel(k): v for k, v in best.config.items()}
     measured = {k: round(best.figures[k], 3) for k in FIGURE_KEYS if k in best.figures}
     if measured:
         out["measured"] = measured

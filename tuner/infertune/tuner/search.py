@@ -31,6 +31,7 @@ from infertune.tuner.study import (
     params_of,
     suggest,
 )
+from infertune.tuner.verdict import figure_key
 
 ReportFn = Callable[[int, float], bool]
 ProgressFn = Callable[[int, int, "Evaluation", float | None], None]
@@ -55,7 +56,7 @@ class Evaluation:
             return [INFEASIBLE] * (len(spec.slo.bounds()) + 2)
         out: list[float] = []
         for metric, obj in spec.slo.bounds().items():
-            value = self.figures.get(f"{metric}{obj.percentile.upper()}Ms")
+            value = self.figures.get(figure_key(metric, obj.percentile))
             out.append(INFEASIBLE if value is None else value / obj.max.ms - 1.0)
         floor = spec.slo.min_output_tokens_per_second
         tps = self.figures.get("outputTokensPerSecond", 0.0)

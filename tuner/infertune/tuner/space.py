@@ -5,6 +5,7 @@ Torch-free. Every value removed is recorded with its reason, and the result says
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Any
@@ -44,25 +45,24 @@ class EngineSpace:
     kv_block_sizes: list[int]
     cuda_graph: list[bool]
 
+    def by_knob(self) -> dict[str, list[Any]]:
+        """The values searched for each knob other than the engine, keyed by knob name."""
+        return {
+            "quantization": list(self.quantizations),
+            "max_num_seqs": list(self.max_num_seqs),
+            "max_num_batched_tokens": list(self.max_num_batched_tokens),
+            "kv_block_size": list(self.kv_block_sizes),
+            "cuda_graph": list(self.cuda_graph),
+        }
+
     def size(self) -> int:
-        return (
-            len(self.quantizations)
-            * len(self.max_num_seqs)
-            * len(self.max_num_batched_tokens)
-            * len(self.kv_block_sizes)
-            * len(self.cuda_graph)
-        )
+        return math.prod(len(values) for values in self.by_knob().values())
 
     def candidates(self) -> list[Candidate]:
+        knobs = self.by_knob()
         return [
-            Candidate(self.engine, q, s, t, b, g)
-            for q, s, t, b, g in product(
-                self.quantizations,
-                self.max_num_seqs,
-                self.max_num_batched_tokens,
-                self.kv_block_sizes,
-                self.cuda_graph,
-            )
+            Candidate(engine=self.engine, **dict(zip(knobs, values, strict=True)))
+            for values in product(*knobs.values())
         ]
 
 

@@ -22,7 +22,7 @@ import optuna
 from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
-from infertune.tuner.candidate import KNOBS, Candidate
+from infertune.tuner.candidate import Candidate
 from infertune.tuner.space import Space
 
 HEARTBEAT_ATTR = "heartbeat"
@@ -92,13 +92,7 @@ def grid_space(space: Space) -> dict[str, list[Any]]:
     if len(space.engines) != 1:
         raise ValueError("the grid sampler needs exactly one engine in search.engines")
     (e,) = space.engines.values()
-    return {
-        "quantization": list(e.quantizations),
-        "max_num_seqs": list(e.max_num_seqs),
-        "max_num_batched_tokens": list(e.max_num_batched_tokens),
-        "kv_block_size": list(e.kv_block_sizes),
-        "cuda_graph": list(e.cuda_graph),
-    }
+    return e.by_knob()
 
 
 def suggest(trial: optuna.Trial, space: Space) -> Candidate:
@@ -109,14 +103,7 @@ def suggest(trial: optuna.Trial, space: Space) -> Candidate:
     def pick(knob: str, values: list[Any]) -> Any:
         return trial.suggest_categorical(param_name(knob, engine, space), values)
 
-    return Candidate(
-        engine=engine,
-        quantization=str(pick("quantization", e.quantizations)),
-        max_num_seqs=int(pick("max_num_seqs", e.max_num_seqs)),
-        max_num_batched_tokens=int(pick("max_num_batched_tokens", e.max_num_batched_tokens)),
-        kv_block_size=int(pick("kv_block_size", e.kv_block_sizes)),
-        cuda_graph=bool(pick("cuda_graph", e.cuda_graph)),
-    )
+    return Candidate(engine=engine, **{k: pick(k, v) for k, v in e.by_knob().items()})
 
 
 def params_of(config: Candidate, space: Space) -> dict[str, Any]:
@@ -124,8 +111,8 @@ def params_of(config: Candidate, space: Space) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if len(space.engines) > 1:
         out["engine"] = config.engine
-    for knob in KNOBS[1:]:
-        out[param_name(knob, config.engine, space)] = getattr(config, knob)
+    for knob in space.engines[config.engine].by_knob():
+        out[param_name(knob, config.engine, space)] = config[knob]
     return out
 
 

@@ -8,7 +8,6 @@ than the percentile allows over the whole run, no later request can rescue it.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,24 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from infertune.tuner.api import SLO, TuningSpec
+from infertune.tuner.api.base import PERCENTILES
+from infertune.tuner.api.slo import SLO_METRICS
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines import AdapterError, EngineAdapter, get_adapter
 from infertune.tuner.hardware import Hardware
 from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
 from infertune.tuner.process import EngineProcess, TrialError
+from infertune.tuner.verdict import LATENCY_FIGURE_KEYS, figure_key, judge_figures
 
 # (step, intermediate goodput) -> True when the study's pruner wants the trial stopped.
 ReportFn = Callable[[int, float], bool]
 FIGURE_KEYS = (
-    "ttftP50Ms",
-    "ttftP95Ms",
-    "ttftP99Ms",
-    "itlP50Ms",
-    "itlP95Ms",
-    "itlP99Ms",
-    "e2eP50Ms",
-    "e2eP95Ms",
-    "e2eP99Ms",
+    *LATENCY_FIGURE_KEYS,
     "goodputRps",
     "requestRate",
     "outputTokensPerSecond",
@@ -90,12 +84,12 @@ class Measurement:
 
 def figures_of(result: LoadResult) -> dict[str, float]:
     out: dict[str, float] = {}
-    for metric in ("ttft", "itl", "e2e"):
+    for metric in SLO_METRICS:
         summary = getattr(result, metric)
-        for p in ("p50", "p95", "p99"):
+        for p in PERCENTILES:
             value = summary.at(p)
             if value is not None:
-                out[f"{metric}{p.upper()}Ms"] = float(value)
+                out[figure_key(metric, p)] = float(value)
     out["goodputRps"] = float(result.goodput or 0.0)
     out["requestRate"] = float(result.request_throughput)
     out["outputTokensPerSecond"] = float(result.output_throughput)
@@ -109,18 +103,11 @@ def figures_of(result: LoadResult) -> dict[str, float]:
 
 
 def slo_margins(figures: dict[str, float], slo: SLO) -> tuple[dict[str, float], dict[str, bool]]:
-    """Bound minus measured (ms) per SLO metric at its percentile; negative = missed."""
-    margins: dict[str, float] = {}
-    met: dict[str, bool] = {}
-    for metric, obj in slo.bounds().items():
-        value = figures.get(f"{metric}{obj.percentile.upper()}Ms")
-        if value is None:
-            margins[metric] = -math.inf
-            met[metric] = False
-            continue
-        margins[metric] = obj.max.ms - value
-        met[metric] = value <= obj.max.ms
-    return margins, met
+    """Bound minus measured (ms) per SLO metric at its percentile (negative = missed), and whether
+    each bound was met; a bound the trial did not measure is missed."""
+    verdict = judge_figures(slo, figures)
+    met = {m: verdict.met_by_metric.get(m, False) for m in slo.bounds()}
+    return verdict.margins_ms, met
 
 
 def certain_violation(

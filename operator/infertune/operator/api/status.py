@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, create_model
 
 from infertune.tuner.api import ApiModel
+from infertune.tuner.candidate import Candidate
+from infertune.tuner.knobs import SERVING_KNOBS, KnobSet
 
 ConditionType = Literal["Profiled", "Tuned", "RolledOut", "SLOMet", "Ready"]
 CONDITION_TYPES: tuple[str, ...] = ("Profiled", "Tuned", "RolledOut", "SLOMet", "Ready")
@@ -53,13 +55,18 @@ class TuningRun(ApiModel):
 class Figures(ApiModel):
     """Measured latency percentiles (milliseconds) and throughput."""
 
+    # One field per SLO metric and percentile the API accepts (test_one_verdict holds them so).
+
     ttft_p50_ms: float | None = None
+    ttft_p90_ms: float | None = None
     ttft_p95_ms: float | None = None
     ttft_p99_ms: float | None = None
     itl_p50_ms: float | None = None
+    itl_p90_ms: float | None = None
     itl_p95_ms: float | None = None
     itl_p99_ms: float | None = None
     e2e_p50_ms: float | None = None
+    e2e_p90_ms: float | None = None
     e2e_p95_ms: float | None = None
     e2e_p99_ms: float | None = None
     goodput_rps: float | None = None
@@ -69,19 +76,71 @@ class Figures(ApiModel):
     output_tokens_mean: float | None = None
 
 
-class ServingConfig(ApiModel):
-    engine: str
-    quantization: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    kv_block_size: int
-    cuda_graph: bool
+class ServingConfigBase(ApiModel):
+    """What a serving configuration carries besides its knobs, and the typed view of those.
+
+    The knob fields themselves come from the knob declaration (:func:`serving_config_model`), so a
+    knob added there appears in the status, the CRD and the tuner's summary without an edit here.
+    """
+
+    knob_set: ClassVar[KnobSet] = SERVING_KNOBS
+
     config_hash: str | None = None
     measured: Figures | None = None
     slo_margins_ms: dict[str, float] = Field(
         default_factory=dict,
         description="Bound minus measured, per SLO metric (negative = missed).",
     )
+
+    def candidate(self) -> Candidate:
+        """The knobs as the tuner's typed configuration (what the engine adapters take)."""
+        return Candidate.from_dict(self.model_dump(include=set(self.knob_set.names)), self.knob_set)
+
+    def describe(self, *, figures: bool = False) -> str:
+        """``vllm/bf16 seqs=32 tokens=2048 block=16 graph`` for messages; with `figures`, what the
+        tuner measured for it (TTFT p95, goodput)."""
+        text = self.candidate().label()
+        m = self.measured
+        if figures and m is not None and m.ttft_p95_ms is not None:
+            text += f", TTFT p95 {m.ttft_p95_ms:.0f}ms"
+        if figures and m is not None and m.goodput_rps is not None:
+            text += f", goodput {m.goodput_rps:.2f} req/s"
+        return text
+
+    @classmethod
+    def of(cls, config: Candidate, **extra: Any) -> Self:
+        """A status configuration of `config`'s knobs plus `extra` (measured, margins, hash)."""
+        return cls.model_validate({**config.to_dict(), **extra})
+
+
+def knob_fields(knobs: KnobSet) -> type[ApiModel]:
+    """A model with one field per knob, in declared order, described as the declaration says."""
+    fields: dict[str, Any] = {
+        k.name: (k.type, Field(description=k.description))
+        if k.default is None
+        else (k.type, Field(default=k.default, description=k.description))
+        for k in knobs
+    }
+    model: type[ApiModel] = create_model("ServingKnobs", __base__=ApiModel, **fields)
+    return model
+
+
+def serving_config_model(knobs: KnobSet) -> type[ServingConfigBase]:
+    """The status model of a serving configuration over `knobs` (the declared set, or a test's).
+
+    The knobs' model comes last among the bases so that their fields come first on the wire."""
+    return type(
+        "ServingConfig",
+        (ServingConfigBase, knob_fields(knobs)),
+        {"__module__": __name__, "knob_set": knobs, "__doc__": ServingConfig.__doc__},
+    )
+
+
+_DeclaredKnobs: Any = knob_fields(SERVING_KNOBS)
+
+
+class ServingConfig(ServingConfigBase, _DeclaredKnobs):  # type: ignore[misc]
+    """A serving configuration: the declared knobs, its hash, and what the tuner measured."""
 
 
 class Observation(ApiModel):

@@ -3,9 +3,6 @@ config hash on the pod template (a new config rolls the pods), /health readiness
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
-
 from infertune.operator.api import InferenceService, ServingConfig
 from infertune.operator.builders.common import (
     ANN_CONFIG,
@@ -24,62 +21,30 @@ from infertune.operator.builders.common import (
 )
 from infertune.operator.hashing import config_hash
 from infertune.operator.settings import OperatorSettings
+from infertune.tuner.engines import get_adapter
 
 HOST = "$(POD_IP)"  # expanded by the kubelet from the downward-API env var below
-
-
-def _builtin_argv(
-    config: ServingConfig, model: str, served: str, port: int, cli: tuple[str, ...]
-) -> list[str]:
-    return [
-        *cli,
-        "serve",
-        "--model", model,
-        "--served-model-name", served,
-        "--host", HOST,
-        "--port", str(port),
-        "--quantization", config.quantization,
-        "--max-num-seqs", str(config.max_num_seqs),
-        "--max-num-batched-tokens", str(config.max_num_batched_tokens),
-        "--kv-block-size", str(config.kv_block_size),
-        "--cuda-graph" if config.cuda_graph else "--no-cuda-graph",
-    ]  # fmt: skip
 
 
 def serving_argv(
     isvc: InferenceService, config: ServingConfig, settings: OperatorSettings
 ) -> list[str]:
-    """The exact command line the tuner measured: builtin per the contract, other engines from the
-    tuner's engine adapters (imported lazily: the operator must not need them for the builtin)."""
+    """The exact command line the tuner measured: the engine adapter's flags (the same call the
+    tuner's trial made) behind the engine image's entry point."""
     model, _, _ = model_location(isvc.spec.model.uri)
+    knobs = config.candidate()
     if needs_gguf(isvc, config):
         model = GGUF_FILE  # written by the init container (gguf_init_container)
     # The kubelet expands $(VAR) in a container's command: the user's URI must reach the engine
     # literally (`$$` is the kubelet's escape), or `$(POD_IP)` or `$(HOME)` in it would be replaced.
     model = model.replace("$", "$$")
-    served = isvc.spec.model.served_name
-    if config.engine == "builtin":
-        return _builtin_argv(
-            config, model, served, settings.serving_port, settings.infertune_command
-        )
-    try:
-        engines: Any = import_module("infertune.tuner.engines")
-        candidate_mod: Any = import_module("infertune.tuner.candidate")
-    except ImportError as exc:
-        raise ValueError(
-            f"engine {config.engine!r}: the tuner's engine adapters are not installed ({exc})"
-        ) from exc
-    knobs = {k: getattr(config, k) for k in candidate_mod.KNOBS}
     # The adapter's flags, not its command: its program is the interpreter or binary on the tuning
     # machine (a venv path there), which does not exist inside the engine's image.
-    flags = engines.get_adapter(config.engine).flags(
-        candidate_mod.Candidate.from_dict(knobs),
-        model,
-        HOST,
-        settings.serving_port,
-        served_model_name=served,
+    flags = get_adapter(knobs.engine).flags(
+        knobs, model, HOST, settings.serving_port, served_model_name=isvc.spec.model.served_name
     )
-    return [*IMAGE_ENTRY[config.engine], *[str(a) for a in flags]]
+    entry = settings.infertune_command if knobs.engine == "builtin" else IMAGE_ENTRY[knobs.engine]
+    return [*entry, *flags]
 
 
 # How the engines' own images start their servers.
@@ -97,7 +62,7 @@ GGUF_FILE = f"{GGUF_DIR}/model.gguf"
 def needs_gguf(isvc: InferenceService, config: ServingConfig) -> bool:
     """llama.cpp serves GGUF only: any other checkpoint is converted in the pod first."""
     model = isvc.spec.model
-    return config.engine == "llamacpp" and not (
+    return config.candidate().engine == "llamacpp" and not (
         model.format == "gguf" or model.uri.endswith(".gguf")
     )
 
@@ -112,7 +77,7 @@ def gguf_init_container(
         *settings.infertune_command,
         "gguf",
         "--model", model.replace("$", "$$"),
-        "--quantization", config.quantization,
+        "--quantization", config.candidate().quantization,
         "--out", GGUF_FILE,
     ]  # fmt: skip
     return {
@@ -139,7 +104,7 @@ def desired_deployment(
     track: str = "stable",
     replicas: int | None = None,
 ) -> Obj:
-    image = settings.image_for(config.engine)
+    image = settings.image_for(config.candidate().engine)
     chash = config_hash(config, isvc.spec.model.uri, image)
     name = deployment_name(isvc, track)
     meta = metadata(isvc, name, "serving", **{LABEL_TRACK: track})

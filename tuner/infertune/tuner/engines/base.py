@@ -1,17 +1,20 @@
 """The one small interface every serving engine is driven through.
 
 An adapter turns a :class:`Candidate` into a command line and environment, says where the engine
-reports health, maps its Prometheus metrics onto ours, and states what it can run on this hardware.
-The operator's Deployment builder calls the same ``command()`` so that production runs the exact
-argv the tuner measured.
+reports health, and states what it can run on this hardware. Its ``knob_flags`` table maps each knob
+the engine honours (``infertune.tuner.knobs``) onto the engine's own flags, one entry per knob.
+The operator's Deployment builder calls the same ``flags()`` so that production runs the exact argv
+the tuner measured.
 """
 
 from __future__ import annotations
 
 import abc
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, ClassVar
 
 from infertune.tuner.api.base import ENGINE_QUANTIZATIONS
 from infertune.tuner.candidate import Candidate
@@ -20,6 +23,42 @@ from infertune.tuner.hardware import Hardware
 
 class AdapterError(ValueError):
     """A configuration an adapter cannot express; the message names the knob and allowed values."""
+
+
+# A knob's value (and the whole configuration, for flags that depend on other knobs) -> flags.
+FlagRule = Callable[[Any, Candidate], list[str]]
+
+
+def flag(name: str) -> FlagRule:
+    """``name VALUE``."""
+    return lambda value, _config: [name, str(value)]
+
+
+def switch(on: str | None, off: str | None = None) -> FlagRule:
+    """A flag when the knob is true, another (or none) when it is false."""
+    return lambda value, _config: [f] if (f := on if value else off) else []
+
+
+def no_flag(_value: Any, _config: Candidate) -> list[str]:
+    """A knob the engine honours some other way (its environment, the model file it loads)."""
+    return []
+
+
+def precision_flags(
+    engine: str, dtypes: Mapping[str, list[str]], quantizations: Mapping[str, list[str]]
+) -> FlagRule:
+    """Our precision names -> the engine's dtype or quantization flags."""
+
+    def rule(value: Any, _config: Candidate) -> list[str]:
+        flags = dtypes.get(value, quantizations.get(value))
+        if flags is None:
+            raise AdapterError(
+                f"quantization {value!r} has no {engine} flag; allowed values: "
+                f"{sorted([*dtypes, *quantizations])}"
+            )
+        return list(flags)
+
+    return rule
 
 
 @dataclass(frozen=True)
@@ -47,8 +86,8 @@ class Launch:
 class EngineAdapter(abc.ABC):
     name: str = ""
     health_path: str = "/health"
-    # Our metric name -> the engine's Prometheus metric (for the operator's live SLO check).
-    metrics: dict[str, str] = {}
+    # Knob name -> its flags, for every knob this engine honours (KnobSet.honoured_by).
+    knob_flags: ClassVar[Mapping[str, FlagRule]] = {}
 
     @abc.abstractmethod
     def capabilities(self, hardware: Hardware) -> Capabilities:
@@ -60,6 +99,15 @@ class EngineAdapter(abc.ABC):
         An engine's container image has its own entry point; the operator swaps this part only."""
 
     @abc.abstractmethod
+    def server_flags(
+        self, model_path: str, host: str, port: int, *, served_model_name: str | None = None
+    ) -> list[str]:
+        """The engine's arguments that do not come from a knob: the model, the address, and
+        settings held fixed for every configuration."""
+
+    def validate(self, config: Candidate) -> None:  # noqa: B027 (a hook: most engines take any)
+        """Reject combinations of knob values the engine refuses (none by default)."""
+
     def flags(
         self,
         config: Candidate,
@@ -70,6 +118,22 @@ class EngineAdapter(abc.ABC):
         served_model_name: str | None = None,
     ) -> list[str]:
         """The engine's own arguments that serve `config` on host:port."""
+        self.validate(config)
+        fixed = self.server_flags(model_path, host, port, served_model_name=served_model_name)
+        return [*fixed, *self.knob_argv(config)]
+
+    def knob_argv(self, config: Candidate) -> list[str]:
+        """The flags of every knob this engine honours, in the knobs' declared order."""
+        argv: list[str] = []
+        for knob in config.knobs.honoured_by(self.name):
+            rule = self.knob_flags.get(knob.name)
+            if rule is None:
+                raise AdapterError(
+                    f"engine {self.name!r} honours knob {knob.name!r} but its adapter maps no "
+                    "flag for it (add an entry to knob_flags)"
+                )
+            argv += rule(config[knob.name], config)
+        return argv
 
     def command(
         self,

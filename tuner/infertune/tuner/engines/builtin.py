@@ -3,22 +3,13 @@
 from __future__ import annotations
 
 from infertune.tuner.api.base import ENGINE_QUANTIZATIONS
-from infertune.tuner.candidate import Candidate
-from infertune.tuner.engines.base import Capabilities, EngineAdapter
+from infertune.tuner.engines.base import Capabilities, EngineAdapter, flag, switch
 from infertune.tuner.hardware import Hardware
 
 
 class BuiltinAdapter(EngineAdapter):
     name = "builtin"
     health_path = "/health"
-    metrics = {
-        # The built-in engine exports vLLM's series names so one live check reads both.
-        "ttft": "vllm:time_to_first_token_seconds",
-        "itl": "vllm:inter_token_latency_seconds",
-        "e2e": "vllm:e2e_request_latency_seconds",
-        "running": "vllm:num_requests_running",
-        "waiting": "vllm:num_requests_waiting",
-    }
 
     def capabilities(self, hardware: Hardware) -> Capabilities:
         quants = set(ENGINE_QUANTIZATIONS["builtin"])
@@ -35,31 +26,18 @@ class BuiltinAdapter(EngineAdapter):
     def program(self) -> list[str]:
         return ["infertune"]
 
-    def flags(
-        self,
-        config: Candidate,
-        model_path: str,
-        host: str,
-        port: int,
-        *,
-        served_model_name: str | None = None,
+    def server_flags(
+        self, model_path: str, host: str, port: int, *, served_model_name: str | None = None
     ) -> list[str]:
         argv = ["serve", "--model", model_path]
         if served_model_name:
             argv += ["--served-model-name", served_model_name]
-        argv += [
-            "--host",
-            host,
-            "--port",
-            str(port),
-            "--quantization",
-            config.quantization,
-            "--max-num-seqs",
-            str(config.max_num_seqs),
-            "--max-num-batched-tokens",
-            str(config.max_num_batched_tokens),
-            "--kv-block-size",
-            str(config.kv_block_size),
-            "--cuda-graph" if config.cuda_graph else "--no-cuda-graph",
-        ]
-        return argv
+        return [*argv, "--host", host, "--port", str(port)]
+
+    knob_flags = {
+        "quantization": flag("--quantization"),
+        "max_num_seqs": flag("--max-num-seqs"),
+        "max_num_batched_tokens": flag("--max-num-batched-tokens"),
+        "kv_block_size": flag("--kv-block-size"),
+        "cuda_graph": switch("--cuda-graph", "--no-cuda-graph"),
+    }

@@ -25,7 +25,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 from infertune.tuner.candidate import Candidate
-from infertune.tuner.engines.base import AdapterError, Capabilities, EngineAdapter
+from infertune.tuner.engines.base import AdapterError, Capabilities, EngineAdapter, no_flag
 from infertune.tuner.hardware import Hardware
 
 VENV_ENV = "INFERTUNE_LLAMACPP_VENV"
@@ -87,15 +87,20 @@ def tool(name: str) -> str | None:
     return shutil.which(name)
 
 
+def _cache_flags(quantization: str) -> list[str]:
+    """The KV-cache type that pairs with the weights' precision."""
+    if quantization not in _GGUF:
+        raise AdapterError(
+            f"quantization {quantization!r} has no GGUF type; allowed values: {sorted(_GGUF)}"
+        )
+    kv = _KV_TYPE[quantization]
+    # A quantized V cache needs flash attention; f32/f16 caches leave the choice to llama.cpp.
+    return ["-ctk", kv, "-ctv", kv, "-fa", "on" if kv == "q8_0" else "auto"]
+
+
 class LlamaCppAdapter(EngineAdapter):
     name = "llamacpp"
     health_path = "/health"
-    metrics = {
-        "ttft": "llamacpp:prompt_seconds_total",
-        "itl": "llamacpp:tokens_predicted_seconds_total",
-        "running": "llamacpp:requests_processing",
-        "waiting": "llamacpp:requests_deferred",
-    }
 
     def capabilities(self, hardware: Hardware) -> Capabilities:
         return Capabilities(
@@ -118,47 +123,34 @@ class LlamaCppAdapter(EngineAdapter):
     def program(self) -> list[str]:
         return [tool("llama-server") or "llama-server"]
 
-    def flags(
-        self,
-        config: Candidate,
-        model_path: str,
-        host: str,
-        port: int,
-        *,
-        served_model_name: str | None = None,
+    def server_flags(
+        self, model_path: str, host: str, port: int, *, served_model_name: str | None = None
     ) -> list[str]:
-        if config.quantization not in _GGUF:
-            raise AdapterError(
-                f"quantization {config.quantization!r} has no GGUF type; allowed values: "
-                f"{sorted(_GGUF)}"
-            )
-        ubatch = min(512, config.max_num_batched_tokens)
-        kv = _KV_TYPE[config.quantization]
         argv = ["--model", model_path, "--host", host, "--port", str(port)]
         if served_model_name:
             argv += ["--alias", served_model_name]
-        argv += [
+        # Offload every layer when the build has a GPU backend; a CPU build ignores it.
+        return [*argv, "-ngl", "999", "--metrics"]
+
+    knob_flags = {
+        "quantization": lambda q, _config: _cache_flags(q),
+        # The context is shared by the slots: each gets PER_SLOT_CONTEXT tokens.
+        "max_num_seqs": lambda seqs, _config: [
             "-np",
-            str(config.max_num_seqs),
+            str(seqs),
             "-c",
-            str(config.max_num_seqs * PER_SLOT_CONTEXT),
+            str(seqs * PER_SLOT_CONTEXT),
+        ],
+        "max_num_batched_tokens": lambda tokens, _config: [
             "-b",
-            str(config.max_num_batched_tokens),
+            str(tokens),
             "-ub",
-            str(ubatch),
-            "-ctk",
-            kv,
-            "-ctv",
-            kv,
-            # A quantized V cache needs flash attention; f32/f16 caches leave the choice to llama.cpp.
-            "-fa",
-            "on" if kv == "q8_0" else "auto",
-            # Offload every layer when the build has a GPU backend; a CPU build ignores it.
-            "-ngl",
-            "999",
-            "--metrics",
-        ]
-        return argv
+            str(min(512, tokens)),
+        ],
+        # The weights' precision is the GGUF file (prepare_model); CUDA graphs are an environment
+        # switch (env()).
+        "cuda_graph": no_flag,
+    }
 
     def env(self, config: Candidate) -> dict[str, str]:
         env: dict[str, str] = {}

