@@ -1,4 +1,5 @@
-"""The engine thread with a fake runner: concurrency, preemption, overload, failures, aborts."""
+"""The engine with a fake runner, on its thread and by step() alone: concurrency, preemption,
+overload, failures, aborts."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from engine_fakes import FakeRunner, reference_generate
 
 from infertune.engine.engine import Engine, EngineOverloadedError, TokenEvent
-from infertune.engine.scheduler import RequestRejectedError
+from infertune.engine.scheduler import RequestRejectedError, Sequence
 from infertune.engine.step import StepInput
 
 
@@ -154,3 +155,31 @@ def test_warmup_runs_before_start_only() -> None:
             engine.warmup()
     finally:
         engine.stop()
+
+
+def test_step_alone_serves_requests_as_the_core_process_drives_it() -> None:
+    """No thread, no event loop: submit, then step() until done, as the engine core's loop does.
+    Each step's events come back from step(), with the gauges already counting them."""
+    runner = FakeRunner(num_kv_blocks=16, block_size=4)
+    engine = Engine(runner, max_num_seqs=4, max_num_batched_tokens=7, max_model_len=256)
+    prompts = [[(i * 5 + j) % 97 for j in range(2 + 4 * i)] for i in range(5)]
+    for i, prompt in enumerate(prompts):
+        engine.submit(Sequence(seq_id=i, prompt_ids=prompt, max_tokens=12), arrival=0.0)
+    engine.submit(Sequence(seq_id=99, prompt_ids=[1, 2], max_tokens=50), arrival=0.0)
+    engine.abort(99)
+    tokens: dict[int, list[int]] = {}
+    finished: dict[int, str | None] = {}
+    while engine.has_work:
+        for req, event in engine.step():
+            assert req.loop is None and req.queue is None
+            tokens.setdefault(req.seq.seq_id, []).extend(event.token_ids)
+            if event.finished:
+                finished[req.seq.seq_id] = event.finish_reason
+                # step() updated the gauges before it returned the finishing event
+                assert req.seq not in engine.scheduler.running
+    for i, prompt in enumerate(prompts):
+        assert tokens[i] == reference_generate(prompt, 12) and finished[i] == "length"
+    assert finished[99] == "abort" and tokens[99] == []
+    assert engine.stats.num_running == engine.stats.num_waiting == 0 and engine.stats.num_steps
+    assert engine.block_manager.num_free_blocks == 16 and engine.step() == []
+    assert engine.fail_all("stopped") == []
