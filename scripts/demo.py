@@ -28,6 +28,7 @@ from demo_stack import GROUP, INFERTUNE, PLURAL, ROOT, VERSION, Stack, stop_grou
 from kubernetes import client
 
 from infertune.engine.make_model import ensure_model
+from infertune.tuner.candidate import Candidate
 
 DEMO = ROOT / "examples" / "demo.yaml"
 LABEL = "infertune.dev/inferenceservice"
@@ -141,8 +142,8 @@ class Story:
 
 
 def describe(config: dict[str, Any]) -> str:
-    return (f"{config['engine']}/{config['quantization']} maxNumSeqs={config['maxNumSeqs']} "
-            f"maxNumBatchedTokens={config['maxNumBatchedTokens']} kvBlockSize={config['kvBlockSize']}")  # fmt: skip
+    """A status or summary configuration (camelCase) in the words the operator's messages use."""
+    return Candidate.from_wire(config).label()
 
 
 def load(
