@@ -219,9 +219,13 @@ async def check(
         tuning = spec.tuning_spec()
         recent = service.traffic_seen
         if recent is not None:
+            clamped: list[str] = []
             shape = observed_traffic(
-                tuning.traffic, recent.figures, recent.prompt_p95, recent.output_p95
+                tuning.traffic, recent.figures, recent.prompt_p95, recent.output_p95, clamped
             )
+            for note in clamped:
+                log.info("%s/%s: %s", *ctx.key, note)
+                ctx.history("TrafficClamped", decision.reason, note)
             tuning = tuning.model_copy(update={"traffic": shape})
         product = (
             sorted(p for p in products if p)[0]

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from infertune.operator.api import Figures, RetunePolicy, ServingConfig
 from infertune.tuner.api import SLO, LengthDistribution, TrafficProfile
+from infertune.tuner.api.traffic import MAX_TOKENS
+from infertune.tuner.lognormal import max_lognormal_p95
 from infertune.tuner.verdict import judge, judge_figures
 
 REASON_SLO = "SLOViolation"
@@ -170,23 +172,43 @@ MIN_RETUNE_REQUESTS = 20
 
 
 def observed_traffic(
-    base: TrafficProfile, observed: Figures, prompt_p95: float | None, output_p95: float | None
+    base: TrafficProfile,
+    observed: Figures,
+    prompt_p95: float | None,
+    output_p95: float | None,
+    notes: list[str] | None = None,
 ) -> TrafficProfile:
-    """The spec's traffic with rate and lengths replaced by what live traffic shows."""
+    """The spec's traffic with rate and lengths replaced by what live traffic shows.
+
+    Live lengths can be heavier-tailed than any lognormal (p95 above ~3.87x the mean): such a p95
+    is clamped to the largest the load generator can produce for that mean, and `notes` (when
+    given) gets one line per clamp for the history and the log.
+    """
 
     def lengths(
-        mean: float | None, p95: float | None, fallback: LengthDistribution
+        name: str, mean: float | None, p95: float | None, fallback: LengthDistribution
     ) -> LengthDistribution:
         if mean is None or mean < 1:
             return fallback
-        m = max(1, round(mean))
+        m = min(MAX_TOKENS, max(1, round(mean)))
         if p95 is not None and round(p95) > m:
-            return LengthDistribution(distribution="lognormal", mean=m, p95=round(p95))
+            seen = min(MAX_TOKENS, round(p95))
+            largest = max_lognormal_p95(m)
+            if seen > largest and notes is not None:
+                notes.append(
+                    f"observed {name} p95 {seen} is beyond any lognormal with mean {m}; "
+                    f"tuning for p95 {largest}, the largest the load generator can produce"
+                )
+            return LengthDistribution(distribution="lognormal", mean=m, p95=min(seen, largest))
         return LengthDistribution(distribution="fixed", mean=m)
 
     update: dict[str, object] = {
-        "prompt_tokens": lengths(observed.prompt_tokens_mean, prompt_p95, base.prompt_tokens),
-        "output_tokens": lengths(observed.output_tokens_mean, output_p95, base.output_tokens),
+        "prompt_tokens": lengths(
+            "promptTokens", observed.prompt_tokens_mean, prompt_p95, base.prompt_tokens
+        ),
+        "output_tokens": lengths(
+            "outputTokens", observed.output_tokens_mean, output_p95, base.output_tokens
+        ),
     }
     if observed.request_rate is not None and observed.request_rate > 0:
         rate = round(observed.request_rate, 3)

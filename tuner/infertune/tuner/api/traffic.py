@@ -6,6 +6,7 @@ from pydantic import Field, model_validator
 
 from infertune.tuner.api.base import ApiModel, Arrival, LengthKind
 from infertune.tuner.api.durations import Duration
+from infertune.tuner.lognormal import lognormal_problem
 
 MAX_TOKENS = 1_048_576
 
@@ -34,6 +35,10 @@ class LengthDistribution(ApiModel):
                 raise ValueError("distribution 'lognormal' needs mean and p95")
             if self.p95 < self.mean:
                 raise ValueError(f"p95 ({self.p95}) must be at least mean ({self.mean})")
+            # The load generator's own rule: accept exactly the shapes it can sample.
+            problem = lognormal_problem(self.mean, self.p95)
+            if problem is not None:
+                raise ValueError(problem)
         return self
 
     @property

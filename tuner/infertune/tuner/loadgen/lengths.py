@@ -1,13 +1,13 @@
 """Prompt and output token-length samplers built from the spec's LengthDistribution, or a replay file.
 
 Lognormal lengths are given the way people describe traffic, by mean and p95; the underlying
-(mu, sigma) follow from mean = exp(mu + sigma^2/2) and p95 = exp(mu + z95*sigma).
+(mu, sigma) come from :func:`infertune.tuner.lognormal.lognormal_params`, the rule the API checks
+a spec with.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,27 +15,17 @@ from pathlib import Path
 import numpy as np
 
 from infertune.tuner.api import LengthDistribution
+from infertune.tuner.lognormal import MAX_LOGNORMAL_P95_RATIO, Z95, lognormal_params
 
-Z95 = 1.6448536269514722  # standard normal 95th percentile
-# The largest p95/mean ratio any lognormal can have: sigma = Z95 maximises z*sigma - sigma^2/2.
-MAX_LOGNORMAL_P95_RATIO = math.exp(Z95 * Z95 / 2)
-
-
-def lognormal_params(mean: float, p95: float, field: str = "lengths") -> tuple[float, float]:
-    """(mu, sigma) of the lognormal with this mean and 95th percentile."""
-    if mean <= 0 or p95 < mean:
-        raise ValueError(f"{field}: lognormal needs 0 < mean <= p95, got mean={mean}, p95={p95}")
-    ratio = math.log(p95 / mean)
-    disc = Z95 * Z95 - 2 * ratio
-    if disc < 0:
-        raise ValueError(
-            f"{field}: no lognormal has p95/mean = {p95 / mean:.2f}; the most a lognormal allows is "
-            f"{MAX_LOGNORMAL_P95_RATIO:.2f} (raise mean or lower p95)"
-        )
-    # The smaller root: the larger one is a degenerate, extremely heavy-tailed solution.
-    sigma = Z95 - math.sqrt(disc)
-    mu = math.log(mean) - sigma * sigma / 2
-    return mu, sigma
+__all__ = [
+    "MAX_LOGNORMAL_P95_RATIO",
+    "Z95",
+    "LengthPair",
+    "iter_lengths",
+    "lognormal_params",
+    "read_replay",
+    "sample_lengths",
+]
 
 
 def sample_lengths(
