@@ -20,11 +20,11 @@ from typing import Any
 
 import optuna
 
-from infertune.engine.config import LlamaConfig
 from infertune.engine.make_model import ensure_model
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.hardware import Hardware
+from infertune.tuner.model_shape import ModelShape
 from infertune.tuner.modelprofile import ModelProfile
 from infertune.tuner.planning import SeedPlanner, prune_by_roofline
 from infertune.tuner.search import Evaluation, ReportFn, run_study
@@ -117,7 +117,7 @@ def replay(path: Path, sampler: str, seed: int) -> float:
         # then seed with the step model recalibrated after every seed.
         if raw.get("profile"):
             profile = ModelProfile.from_dict(raw["profile"])
-            prune_by_roofline(space, spec, LlamaConfig.from_dir(ensure_model("tiny")), profile)
+            prune_by_roofline(space, spec, ModelShape.from_dir(ensure_model("tiny")), profile)
             planner = SeedPlanner(space, spec, profile, SEED_COUNT)
         s = make_sampler(
             "tpe",

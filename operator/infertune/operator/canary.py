@@ -14,6 +14,7 @@ from infertune.operator.builders import desired_deployment
 from infertune.operator.builders.deployment import deployment_name
 from infertune.operator.context import Ctx
 from infertune.operator.reconcile import ensure
+from infertune.operator.schedulable import canary_fits, effective_strategy
 
 CANARY = "canary"
 Verdict = Literal["wait", "promote", "rollback"]
@@ -76,12 +77,50 @@ def describe(config: ServingConfig) -> str:
     return f"{config.describe()} (config {config.config_hash})"
 
 
-async def start(ctx: Ctx, config: ServingConfig) -> None:
-    """Serve `config` on the canary track beside the live Deployment."""
+def strategy(ctx: Ctx) -> str:
+    return effective_strategy(ctx.isvc.spec.rollout.strategy, ctx.status.rollout_strategy)
+
+
+def no_room(ctx: Ctx) -> str | None:
+    """Why a canary cannot run when pods are replaced in place (None when it can)."""
+    rollout = ctx.isvc.spec.rollout
+    mode = effective_strategy(rollout.strategy, ctx.status.rollout_strategy)
+    if canary_fits(mode, rollout.replicas, rollout.canary.replicas):
+        return None
+    return (
+        f"no spare GPU for a canary: pods are replaced in place and a canary of "
+        f"{rollout.canary.replicas} replica(s) would leave none of the {rollout.replicas} stable "
+        "replica(s); raise spec.rollout.replicas, set spec.rollout.strategy to Surge with a free "
+        "GPU, or turn the canary off"
+    )
+
+
+def refuse(ctx: Ctx, config: ServingConfig, why: str) -> None:
+    """The canary cannot run: the live config stays, and the condition and an event say why."""
+    message = f"{describe(config)} not tried: {why}"
+    ctx.condition("Canary", "False", "NoSpareGPU", message)
+    ctx.history("CanaryRefused", "NoSpareGPU", message, config.config_hash)
+    ctx.event("Warning", "NoSpareGPU", message)
+
+
+async def start(ctx: Ctx, config: ServingConfig) -> bool:
+    """Serve `config` on the canary track beside the live Deployment (replacing pods in place,
+    in the slots of as many stable replicas); False when it cannot run (see no_room)."""
     spec = ctx.isvc.spec.rollout.canary
+    why = no_room(ctx)
+    if why is not None:
+        refuse(ctx, config, why)
+        return False
     await ensure(
         ctx.rt.kube,
-        desired_deployment(ctx.isvc, config, ctx.rt.settings, track=CANARY, replicas=spec.replicas),
+        desired_deployment(
+            ctx.isvc,
+            config,
+            ctx.rt.settings,
+            track=CANARY,
+            replicas=spec.replicas,
+            strategy=strategy(ctx),
+        ),
     )
     ctx.status.canary = CanaryRun(config=config, started_at=ctx.now, replicas=spec.replicas)
     message = f"canary {describe(config)} on {spec.replicas} replica(s) for {spec.window}"
@@ -89,6 +128,7 @@ async def start(ctx: Ctx, config: ServingConfig) -> None:
     ctx.history("CanaryStarted", "Canary", message, config.config_hash)
     ctx.event("Normal", "CanaryStarted", message)
     ctx.rt.service(ctx.key).scrapers.pop(CANARY, None)
+    return True
 
 
 async def finish(ctx: Ctx, judgement: Judgement) -> ServingConfig | None:
@@ -133,7 +173,12 @@ async def sync(ctx: Ctx) -> None:
     await ensure(
         ctx.rt.kube,
         desired_deployment(
-            ctx.isvc, run.config, ctx.rt.settings, track=CANARY, replicas=spec.replicas
+            ctx.isvc,
+            run.config,
+            ctx.rt.settings,
+            track=CANARY,
+            replicas=spec.replicas,
+            strategy=strategy(ctx),
         ),
     )
     ctx.status.canary = run.model_copy(update={"replicas": spec.replicas})

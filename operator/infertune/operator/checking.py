@@ -23,7 +23,7 @@ from infertune.operator.drift import (
     tuned_traffic,
 )
 from infertune.operator.monitor import Live, PrometheusError, Window, summarise
-from infertune.operator.rollout import roll_out
+from infertune.operator.rollout import ensure_serving, roll_out
 from infertune.operator.runtime import Runtime
 from infertune.operator.tuning_run import start_run
 
@@ -137,6 +137,8 @@ async def _check_canary(ctx: Ctx, pods: list[dict[str, Any]]) -> None:
     promoted = await canary.finish(ctx, judgement)
     if promoted is not None:
         await roll_out(ctx, promoted)
+    elif ctx.status.live is not None:
+        await ensure_serving(ctx, ctx.status.live)  # back to full replicas if it ran in place
 
 
 def due(rt: Runtime, key: tuple[str, str], interval: float, now: float) -> bool:

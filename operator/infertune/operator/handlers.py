@@ -11,7 +11,7 @@ from typing import Any
 
 import kopf
 
-from infertune.operator import checking, reactions, rollout, tuning_run
+from infertune.operator import checking, placement, reactions, rollout, tuning_run
 from infertune.operator.api import GROUP, PLURAL, VERSION
 from infertune.operator.builders.common import (
     GPU_PRODUCT_LABEL,
@@ -195,8 +195,10 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
         key = _key(body, owner_label=False)
         pods, nodes = _values(kw.get("infertune_pods"), key), _nodes(kw.get("infertune_nodes"))
         async with rt.lock(key):
-            if await tuning_run.resync_children(rt, body, pods, nodes):
+            if await placement.check(rt, body, pods):
                 return  # the body is stale now; the next tick checks from fresh state
+            if await tuning_run.resync_children(rt, body, pods, nodes):
+                return
             await checking.check(rt, body, pods, nodes)
 
     return registry

@@ -12,6 +12,9 @@ def pod_summary(body: Any) -> dict[str, Any]:
     meta, spec, st = body.get("metadata", {}), body.get("spec", {}), body.get("status", {})
     labels = meta.get("labels") or {}
     conds = {c.get("type"): c.get("status") for c in st.get("conditions") or []}
+    scheduled = next(
+        (c for c in st.get("conditions") or [] if c.get("type") == "PodScheduled"), None
+    )
     out: dict[str, Any] = {
         "name": meta.get("name"),
         "uid": meta.get("uid"),
@@ -22,7 +25,13 @@ def pod_summary(body: Any) -> dict[str, Any]:
         "ip": st.get("podIP"),
         "phase": st.get("phase"),
         "ready": conds.get("Ready") == "True",
+        "revision": labels.get("pod-template-hash"),  # which ReplicaSet: old or new template
     }
+    if scheduled and scheduled.get("status") == "False" and not spec.get("nodeName"):
+        # The scheduler's own words ("0/2 nodes are available: 2 Insufficient nvidia.com/gpu.").
+        out["unschedulable"] = (
+            scheduled.get("message") or scheduled.get("reason") or "Unschedulable"
+        )
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term:

@@ -36,9 +36,9 @@ async def on_spec(rt: Runtime, body: Any, trigger: str) -> None:
     if run is None or run.spec_hash != spec_hash:
         reason = "Created" if run is None else "SpecChanged"
         await start_run(ctx, reason, ctx.isvc.spec.tuning_spec())
+    await canary.sync(ctx)  # first: a canary turned off gives its slots back to the stable pods
     if ctx.status.live is not None:
         await ensure_serving(ctx, ctx.status.live)
-    await canary.sync(ctx)
     await commit(ctx)
     rt.metrics.reconciles.labels(trigger, "ok").inc()
 

@@ -15,6 +15,7 @@ from infertune.operator.context import Ctx, commit, load_owner
 from infertune.operator.drift import RetuneTimers
 from infertune.operator.reconcile import ensure
 from infertune.operator.runtime import Runtime
+from infertune.operator.schedulable import effective_strategy, stable_replicas
 
 
 def describe(config: ServingConfig) -> str:
@@ -28,7 +29,8 @@ async def replace_live(ctx: Ctx, config: ServingConfig) -> None:
     live = ctx.status.live
     wants_canary = ctx.isvc.spec.rollout.canary.enabled
     if live is not None and wants_canary and live.config_hash != config.config_hash:
-        await canary.start(ctx, config)
+        if await canary.start(ctx, config):
+            await ensure_serving(ctx, live)  # in place: the canary takes stable replicas' slots
         return
     if ctx.status.canary is not None:  # superseded by a direct rollout
         await ctx.rt.kube.delete(
@@ -40,6 +42,8 @@ async def replace_live(ctx: Ctx, config: ServingConfig) -> None:
 
 async def roll_out(ctx: Ctx, config: ServingConfig) -> None:
     """Serve `config`: the Deployment (config hash on the pod template) and the Service."""
+    if ctx.status.live is None or ctx.status.live.config_hash != config.config_hash:
+        ctx.status.rollout_strategy = None  # Auto surges again for a new config
     ctx.status.live = config
     verb = await ensure_serving(ctx, config)
     if verb != "unchanged":
@@ -57,8 +61,16 @@ async def roll_out(ctx: Ctx, config: ServingConfig) -> None:
 
 
 async def ensure_serving(ctx: Ctx, config: ServingConfig) -> str:
-    kube, settings = ctx.rt.kube, ctx.rt.settings
-    verb = await ensure(kube, desired_deployment(ctx.isvc, config, settings))
+    """The stable Deployment with the strategy Auto resolved to, fewer replicas while a canary
+    runs in their place, and the Service."""
+    kube, settings, st = ctx.rt.kube, ctx.rt.settings, ctx.status
+    rollout = ctx.isvc.spec.rollout
+    strategy = effective_strategy(rollout.strategy, st.rollout_strategy)
+    replicas = stable_replicas(
+        strategy, rollout.replicas, st.canary.replicas if st.canary else None
+    )
+    desired = desired_deployment(ctx.isvc, config, settings, replicas=replicas, strategy=strategy)
+    verb = await ensure(kube, desired)
     await ensure(kube, desired_service(ctx.isvc, settings))
     return verb
 

@@ -8,13 +8,18 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from infertune.operator.engine_runtime import ENGINE_RUNTIMES, EngineRuntime, parse_runtime_override
+
 DEFAULT_IMAGE = "infertune:0.1.0"
 # Images per engine; the builtin engine ships in the project's own image. Registry-less names so a
-# cluster's mirror or the chart's values decide where they come from.
+# cluster's mirror or the chart's values decide where they come from. The vLLM and SGLang tags are
+# the versions the tuner-full image measures with (docker/Dockerfile.tuner pins them; a unit test
+# holds the two equal), so the served flags are the ones the adapters emit and were measured with.
+# How each runs in a pod (user, read-only root, caches): infertune.operator.engine_runtime.
 DEFAULT_ENGINE_IMAGES: dict[str, str] = {
     "builtin": DEFAULT_IMAGE,
-    "vllm": "vllm/vllm-openai:v0.6.3",
-    "sglang": "lmsysorg/sglang:v0.3.5",
+    "vllm": "vllm/vllm-openai:v0.33.0",
+    "sglang": "lmsysorg/sglang:v0.5.23",
     "llamacpp": "llama.cpp:server",
 }
 SERVING_PORT = 8000
@@ -33,6 +38,13 @@ class OperatorSettings(BaseModel):
     peering: str | None = None
     tuner_image: str = DEFAULT_IMAGE
     engine_images: dict[str, str] = Field(default_factory=lambda: dict(DEFAULT_ENGINE_IMAGES))
+    engine_runtimes: dict[str, EngineRuntime] = Field(
+        default_factory=lambda: dict(ENGINE_RUNTIMES),
+        description="Per engine image: user, read-only root, writable paths (engine_runtime.py).",
+    )
+    image_pull_secrets: tuple[str, ...] = Field(
+        default=(), description="Secret names on every pod the operator creates (the chart's)."
+    )
     # argv prefix that runs the `infertune` CLI inside the images (a local test cluster runs
     # containers as host processes, where the console script lives in a virtualenv).
     infertune_command: tuple[str, ...] = ("infertune",)
@@ -64,6 +76,9 @@ class OperatorSettings(BaseModel):
         name, _, key = self.storage_secret.partition(":")
         return name, key or "url"
 
+    def runtime_for(self, engine: str) -> EngineRuntime:
+        return self.engine_runtimes.get(engine, ENGINE_RUNTIMES["builtin"])
+
     def image_for(self, engine: str) -> str:
         if engine not in self.engine_images:
             raise ValueError(
@@ -78,6 +93,13 @@ def _engine_image(text: str) -> tuple[str, str]:
     if not sep or not engine or not image:
         raise argparse.ArgumentTypeError(f"--engine-image {text!r}: write ENGINE=IMAGE")
     return engine, image
+
+
+def _engine_runtime(text: str) -> tuple[str, dict[str, object]]:
+    try:
+        return parse_runtime_override(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,6 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--peering", default=env("INFERTUNE_PEERING"), help="kopf peering name (HA)")
     p.add_argument("--tuner-image", default=env("INFERTUNE_TUNER_IMAGE", DEFAULT_IMAGE))
     p.add_argument("--engine-image", action="append", type=_engine_image, default=[])
+    p.add_argument(
+        "--engine-runtime",
+        action="append",
+        type=_engine_runtime,
+        default=[],
+        help="ENGINE=JSON: fields of an engine's runtime row (runAsUser, readOnlyRootFilesystem, ...)",
+    )
+    p.add_argument(
+        "--image-pull-secret",
+        action="append",
+        default=[s for s in env("INFERTUNE_IMAGE_PULL_SECRETS", "").split(",") if s],
+        help="Secret name for pulling images, on every pod the operator creates (repeatable)",
+    )
     p.add_argument(
         "--infertune-command",
         default=env("INFERTUNE_COMMAND", "infertune"),
@@ -117,6 +152,9 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
     images = dict(DEFAULT_ENGINE_IMAGES)
     images["builtin"] = args.tuner_image
     images.update(dict(args.engine_image))
+    runtimes = dict(ENGINE_RUNTIMES)
+    for engine, fields in args.engine_runtime:
+        runtimes[engine] = runtimes.get(engine, ENGINE_RUNTIMES["builtin"]).merged(fields)
     return OperatorSettings(
         namespaces=tuple(args.namespaces),
         all_namespaces=bool(args.all_namespaces),
@@ -126,6 +164,8 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         peering=args.peering or None,
         tuner_image=args.tuner_image,
         engine_images=images,
+        engine_runtimes=runtimes,
+        image_pull_secrets=tuple(dict.fromkeys(args.image_pull_secret)),
         infertune_command=tuple(args.infertune_command.split()),
         storage_secret=args.storage_secret or None,
         tuning_service_account=args.tuning_service_account or None,

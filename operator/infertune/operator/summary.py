@@ -32,6 +32,8 @@ class SummaryBest(_Camel):
 
     measured: dict[str, float | None] = Field(default_factory=dict)
     slo_margins_ms: dict[str, float] = Field(default_factory=dict, alias="sloMarginsMs")
+    startup_s: float | None = Field(default=None, alias="startupS")
+    health_latency_ms: float | None = Field(default=None, alias="healthLatencyMs")
 
     @model_validator(mode="after")
     def _knobs_complete(self) -> SummaryBest:
@@ -65,6 +67,8 @@ class Summary(_Camel):
             b.candidate(),
             measured=Figures.model_validate(figures_by_field(b.measured)),
             slo_margins_ms=dict(b.slo_margins_ms),
+            startup_s=b.startup_s,
+            health_latency_ms=b.health_latency_ms,
         )
 
     def status_profile(self) -> Profile | None:

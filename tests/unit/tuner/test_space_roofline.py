@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from infertune.engine.config import LlamaConfig, weight_bytes
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.hardware import Hardware
+from infertune.tuner.model_shape import from_config
 from infertune.tuner.modelprofile import ModelProfile
 from infertune.tuner.planning import prune_by_roofline, rank, seeds
 from infertune.tuner.roofline import (
@@ -21,10 +21,11 @@ from infertune.tuner.roofline import (
 )
 from infertune.tuner.space import build_space
 
-TINY = LlamaConfig(
-    hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-    num_key_value_heads=2, head_dim=32, vocab_size=4096, max_position_embeddings=2048,
-)  # fmt: skip
+TINY = from_config({
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+    "intermediate_size": 768, "num_hidden_layers": 4, "num_attention_heads": 8,
+    "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 4096, "max_position_embeddings": 2048,
+})  # fmt: skip
 
 
 def spec(**search: Any) -> TuningSpec:
@@ -62,7 +63,7 @@ def test_memory_floor_is_weights_over_bandwidth() -> None:
     c = ceilings(bw_gbps=1.0, flops=1e15)
     f = decode_floor(TINY, c, "fp32", 1, 0)
     assert f.bound == "memory"
-    assert f.memory_ms == pytest.approx(weight_bytes(TINY, "fp32") / 1e9 * 1e3)
+    assert f.memory_ms == pytest.approx(TINY.read_bytes("fp32") / 1e9 * 1e3)
     # int4 reads about an eighth of the bytes, so its decode floor is about an eighth.
     assert decode_floor(TINY, c, "int4", 1, 0).floor_ms < f.floor_ms / 6
     assert prefill_floor(TINY, ceilings(bw_gbps=1e6, flops=1e9), "fp32", 512).bound == "compute"

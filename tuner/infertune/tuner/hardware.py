@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,47 @@ class Hardware:
         out = asdict(self)
         out["fingerprint"] = self.fingerprint()
         return out
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """A GPU product's datasheet figures, for planning before (or without) measuring it.
+
+    Memory is what NVML reports as total (MiB), not the marketing size; bandwidth and dense
+    (no sparsity) tensor-core FLOP/s are NVIDIA's published figures for the product.
+    """
+
+    name: str
+    product: str  # the product name NVML reports
+    pattern: str  # a regular expression that matches NVML product names of this GPU
+    memory_bytes: int
+    memory_bandwidth_gbps: float
+    bf16_tflops: float
+    fp32_tflops: float
+
+    def hardware(self, count: int = 1) -> Hardware:
+        """A Hardware as NVML would describe `count` of these GPUs (tests, what-if planning)."""
+        return Hardware(
+            kind="gpu", product=self.product, count=count, memory_bytes=self.memory_bytes
+        )
+
+
+_MIB = 2**20
+GPU_SPECS: tuple[GpuSpec, ...] = (
+    GpuSpec("H100-80GB", "NVIDIA H100 80GB HBM3", r"H100.*(HBM3|SXM)", 81559 * _MIB, 3350, 989, 67),
+    GpuSpec("H100-PCIe", "NVIDIA H100 PCIe", r"H100.*PCIe", 81559 * _MIB, 2000, 756, 51),
+    GpuSpec("H200-141GB", "NVIDIA H200", r"H200", 143771 * _MIB, 4800, 989, 67),
+    GpuSpec("A100-80GB", "NVIDIA A100-SXM4-80GB", r"A100.*80GB", 81920 * _MIB, 2039, 312, 19.5),
+    GpuSpec("L4-24GB", "NVIDIA L4", r"\bL4\b", 23034 * _MIB, 300, 121, 30.3),
+)
+
+
+def gpu_spec(name: str) -> GpuSpec | None:
+    """The datasheet entry for a catalogue name ("L4-24GB") or an NVML product name."""
+    for spec in GPU_SPECS:
+        if name.lower() == spec.name.lower() or re.search(spec.pattern, name):
+            return spec
+    return None
 
 
 def _text(value: Any) -> str:

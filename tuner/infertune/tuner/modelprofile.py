@@ -51,11 +51,22 @@ class PrecisionProfile:
 
 @dataclass
 class ModelProfile:
+    """Measured precisions (the built-in engine's profile) and, for every precision, the
+    roofline's analytic step model from the model's shape alone (model_shape.py)."""
+
     hardware: str
     ceilings: Ceilings
     reference: str  # the precision the phases in the summary refer to
     precisions: dict[str, PrecisionProfile] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    model: dict[str, Any] = field(default_factory=dict)  # ModelShape.to_dict()
+    analytic: dict[str, StepModel] = field(default_factory=dict)  # from the floors, unmeasured
+    memory_fit: list[str] = field(default_factory=list)  # MemoryFit.text() per engine/precision
+
+    def step_model(self, quantization: str) -> StepModel | None:
+        """The measured step model of a precision, else its analytic one, else None."""
+        measured = self.precisions.get(quantization)
+        return measured.step_model if measured else self.analytic.get(quantization)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -86,6 +97,9 @@ class ModelProfile:
             reference=str(raw["reference"]),
             precisions=precisions,
             notes=list(raw.get("notes", [])),
+            model=dict(raw.get("model", {})),
+            analytic={q: StepModel(**m) for q, m in raw.get("analytic", {}).items()},
+            memory_fit=list(raw.get("memory_fit", [])),
         )
 
     def to_wire(self) -> dict[str, Any]:

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from math import exp, log
 
-from infertune.engine.config import LlamaConfig
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.model_shape import ModelShape
 from infertune.tuner.modelprofile import ModelProfile
 from infertune.tuner.roofline import Prediction, StepModel, decode_floor, predict, prefill_floor
 from infertune.tuner.space import Space
@@ -23,7 +23,7 @@ from infertune.tuner.verdict import figure_key
 
 
 def prune_by_roofline(
-    space: Space, spec: TuningSpec, cfg: LlamaConfig, profile: ModelProfile
+    space: Space, spec: TuningSpec, shape: ModelShape, profile: ModelProfile
 ) -> None:
     slo = spec.slo
     prompt = max(1, round(spec.traffic.prompt_tokens.expected))
@@ -35,7 +35,7 @@ def prune_by_roofline(
             worst = 0.0
             measured = profile.precisions.get(q)
             if slo.itl is not None:
-                floor = decode_floor(cfg, ceilings, q, 1, prompt).floor_ms
+                floor = decode_floor(shape, ceilings, q, 1, prompt).floor_ms
                 if measured is not None:
                     floor = _credible(floor, measured.decode.measured_ms)
                 worst = max(worst, floor / slo.itl.max.ms)
@@ -44,7 +44,7 @@ def prune_by_roofline(
                         f"decode floor at batch 1 is {floor:.2f}ms > ITL bound {slo.itl.max.text}"
                     )
             if slo.ttft is not None:
-                floor = prefill_floor(cfg, ceilings, q, prompt).floor_ms
+                floor = prefill_floor(shape, ceilings, q, prompt).floor_ms
                 if measured is not None and measured.prefill.tokens == prompt:
                     floor = _credible(floor, measured.prefill.measured_ms)
                 worst = max(worst, floor / slo.ttft.max.ms)
@@ -120,8 +120,7 @@ def _bucket(score: float, best: float) -> int:
 def prediction_for(c: Candidate, spec: TuningSpec, profile: ModelProfile) -> Prediction:
     """The step-time model's steady state for `c` under the spec's traffic."""
     t = spec.traffic
-    prof = profile.precisions.get(c.quantization)
-    step = prof.step_model if prof else StepModel(1.0, 0.1)
+    step = profile.step_model(c.quantization) or StepModel(1.0, 0.1)
     return predict(
         step,
         rate=t.rate,

@@ -1,9 +1,11 @@
-"""Profile the model on this device: prefill and decode per precision, against the roofline.
+"""The built-in engine's own profile: prefill and decode per precision, against the roofline.
 
-Runs the built-in engine's ModelRunner directly (no server): one prompt-length prefill and decode
-steps at batch 1 and at a larger batch, best of a few repeats after a warm-up; then one prefill and
-one decode step under `torch.profiler`, with operator time grouped into GEMM, attention,
-elementwise/norm and other, and the host-side gap (time no operator accounts for).
+Runs only when `builtin` is in the search space (tune.py); the floors come from the analytic
+ModelShape, which needs no engine. Runs the built-in engine's ModelRunner directly (no server):
+one prompt-length prefill and decode steps at batch 1 and at a larger batch, best of a few
+repeats after a warm-up; then one prefill and one decode step under `torch.profiler`, with
+operator time grouped into GEMM, attention, elementwise/norm and other, and the host-side gap
+(time no operator accounts for).
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from infertune.engine.config import LlamaConfig, flops_per_token, kv_bytes_per_token, weight_bytes
+from infertune.engine.config import LlamaConfig
 from infertune.engine.runner import ModelRunner, StepInput
+from infertune.tuner.model_shape import ModelShape
 from infertune.tuner.modelprofile import ModelProfile, PhaseResult, PrecisionProfile
 from infertune.tuner.roofline import (
     Ceilings,
@@ -34,7 +37,7 @@ from infertune.tuner.roofline import (
     prefill_floor,
 )
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: floors and byte counts from the analytic ModelShape
 _GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention", ("attention", "softmax", "bmm", "baddbmm", "index_select", "gather")),
     ("gemm", ("mm", "addmm", "matmul", "linear", "_int_mm", "weight_int", "int4", "dot")),
@@ -223,15 +226,16 @@ def profile_precision(
     t_decn = _best_ms(lambda: runner.execute(decn), device, repeats)
     tr_prefill = _trace(lambda: runner.execute(prefill), device) if trace else None
     tr_decode = _trace(lambda: runner.execute(dec1), device) if trace else None
-    f_prefill = prefill_floor(cfg, ceilings, quantization, prompt_tokens)
-    f_dec1 = decode_floor(cfg, ceilings, quantization, 1, context)
-    f_decn = decode_floor(cfg, ceilings, quantization, batch, context)
+    shape = ModelShape.from_dir(model_dir)
+    f_prefill = prefill_floor(shape, ceilings, quantization, prompt_tokens)
+    f_dec1 = decode_floor(shape, ceilings, quantization, 1, context)
+    f_decn = decode_floor(shape, ceilings, quantization, batch, context)
     points = [(1, t_dec1), (batch, t_decn), (prompt_tokens, t_prefill)]
     return PrecisionProfile(
         quantization=quantization,
-        weight_bytes=weight_bytes(cfg, quantization),
-        kv_bytes_per_token=kv_bytes_per_token(cfg, kv_dtype(quantization, device)),
-        flops_per_token=flops_per_token(cfg, context),
+        weight_bytes=shape.read_bytes(quantization),
+        kv_bytes_per_token=shape.kv_bytes_per_token(kv_dtype(quantization, device)),
+        flops_per_token=shape.flops_per_token(context),
         prefill=_phase("prefill", prompt_tokens, t_prefill, f_prefill, ceilings, tr_prefill),
         decode=_phase("decode", 1, t_dec1, f_dec1, ceilings, tr_decode),
         decode_batched=_phase("decode", batch, t_decn, f_decn, ceilings, None),

@@ -9,7 +9,7 @@ from typing import Any
 
 from infertune.tuner.api import SLO
 from infertune.tuner.api.base import to_camel
-from infertune.tuner.trial import FIGURE_KEYS
+from infertune.tuner.trial import FIGURE_KEYS, HEALTH_KEY
 from infertune.tuner.verdict import figure_key
 
 SUMMARY_LIMIT = 4096  # bytes of a Kubernetes termination message
@@ -133,6 +133,11 @@ def _serving(best: TrialRecord) -> dict[str, Any]:
     }
     if margins:
         out["sloMarginsMs"] = margins
+    # What the operator times the serving pods' probes by (builders/probes.py).
+    if best.startup_s is not None:
+        out["startupS"] = round(best.startup_s, 2)
+    if HEALTH_KEY in best.figures:
+        out["healthLatencyMs"] = round(best.figures[HEALTH_KEY], 1)
     return out
 
 

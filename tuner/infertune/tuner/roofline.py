@@ -12,12 +12,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infertune.engine.config import (
-    LlamaConfig,
-    flops_per_token,
-    kv_bytes_per_token,
-    weight_bytes,
-)
+from infertune.tuner.hardware import GpuSpec
+from infertune.tuner.model_shape import ModelShape
 
 # Launch-bound when the per-operator overhead alone accounts for at least this share of the time.
 LAUNCH_SHARE = 0.5
@@ -63,6 +59,24 @@ class Ceilings:
 
 
 PLAIN = ("fp32", "bf16", "fp16")
+# A CUDA kernel launch, end to end, when it was not measured (datasheet ceilings).
+DATASHEET_LAUNCH_US = 5.0
+
+
+def datasheet_ceilings(gpu: GpuSpec) -> Ceilings:
+    """Ceilings from a GPU's published figures, for planning on a GPU the tuner has not measured."""
+    return Ceilings(
+        device="cuda",
+        hardware=f"{gpu.product} (datasheet)",
+        fingerprint=f"datasheet-{gpu.name}",
+        memory_bandwidth_gbps=gpu.memory_bandwidth_gbps,
+        peak_flops={
+            "bf16": gpu.bf16_tflops * 1e12,
+            "fp16": gpu.bf16_tflops * 1e12,
+            "fp32": gpu.fp32_tflops * 1e12,
+        },
+        launch_overhead_us=DATASHEET_LAUNCH_US,
+    )
 
 
 def compute_dtype(quantization: str, device: str) -> str:
@@ -116,23 +130,36 @@ class PhaseFloor:
 
 
 def prefill_floor(
-    cfg: LlamaConfig, ceilings: Ceilings, quantization: str, prompt_tokens: int
+    shape: ModelShape, ceilings: Ceilings, quantization: str, prompt_tokens: int
 ) -> PhaseFloor:
-    """One prompt of `prompt_tokens` in one step: every weight read once, FLOPs for every token."""
-    flops = float(sum(flops_per_token(cfg, i) for i in range(0, prompt_tokens, 1)))
-    kv = kv_bytes_per_token(cfg, kv_dtype(quantization, ceilings.device)) * prompt_tokens
-    moved = float(weight_bytes(cfg, quantization) + kv)
+    """One prompt of `prompt_tokens` in one step: every weight the prompt's tokens are routed to
+    read once, FLOPs for every token, the prompt's KV cache written."""
+    flops = float(sum(shape.flops_per_token(i) for i in range(prompt_tokens)))
+    kv = shape.kv_bytes(prompt_tokens, kv_dtype(quantization, ceilings.device))
+    moved = float(shape.read_bytes(quantization, prompt_tokens) + kv)
     return _floor(flops, moved, ceilings, quantization)
 
 
 def decode_floor(
-    cfg: LlamaConfig, ceilings: Ceilings, quantization: str, batch: int, context: int
+    shape: ModelShape, ceilings: Ceilings, quantization: str, batch: int, context: int
 ) -> PhaseFloor:
     """One decode step of `batch` sequences, each attending over `context` cached tokens."""
-    flops = float(batch * flops_per_token(cfg, context))
-    kv = kv_bytes_per_token(cfg, kv_dtype(quantization, ceilings.device)) * batch * context
-    moved = float(weight_bytes(cfg, quantization) + kv)
+    flops = float(batch * shape.flops_per_token(context))
+    kv = shape.kv_bytes(context, kv_dtype(quantization, ceilings.device)) * batch
+    moved = float(shape.read_bytes(quantization, batch) + kv)
     return _floor(flops, moved, ceilings, quantization)
+
+
+def floor_step_model(
+    shape: ModelShape, ceilings: Ceilings, quantization: str, context: int
+) -> StepModel:
+    """A step-time line from the floors alone, for a precision no engine has measured yet:
+    fixed = reading the weights once, per token = its FLOPs and its context's KV reads."""
+    bandwidth = ceilings.memory_bandwidth_gbps * 1e9
+    weights_ms = shape.read_bytes(quantization, 1) / bandwidth * 1e3
+    compute_ms = shape.flops_per_token(context) / floor_flops(ceilings, quantization) * 1e3
+    kv_ms = shape.kv_bytes(context, kv_dtype(quantization, ceilings.device)) / bandwidth * 1e3
+    return StepModel(fixed_ms=weights_ms, per_token_ms=max(compute_ms, kv_ms))
 
 
 def _floor(flops: float, moved: float, ceilings: Ceilings, quantization: str) -> PhaseFloor:

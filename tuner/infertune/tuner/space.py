@@ -24,7 +24,7 @@ class Pruned:
     knob: str
     value: Any
     reason: str
-    rule: str  # capability, roofline, constraint, quality
+    rule: str  # capability, memory, roofline, constraint, quality
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,6 +99,11 @@ class Space:
             self.pruned.append(
                 Pruned(engine, "engine", engine, "every quantization was pruned", rule)
             )
+
+    def drop_engine(self, engine: str, reason: str, rule: str) -> None:
+        """Remove a whole engine from the space, recording why (no-op when it is not there)."""
+        if self.engines.pop(engine, None) is not None:
+            self.pruned.append(Pruned(engine, "engine", engine, reason, rule))
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -13,16 +13,18 @@ from typing import Any
 import optuna
 from optuna.trial import TrialState
 
-from infertune.engine.config import LlamaConfig
+from infertune.engine.config import ConfigError, LlamaConfig
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.hardware import Hardware, discover
+from infertune.tuner.memory_fit import MemoryBudget, prune_by_memory
+from infertune.tuner.model_shape import ModelShape, ShapeError
 from infertune.tuner.modelprofile import ModelProfile
 from infertune.tuner.models import resolve_model
 from infertune.tuner.planning import SeedPlanner, prune_by_roofline
 from infertune.tuner.quality import QualityResult
 from infertune.tuner.result import TrialRecord, TuningResult, binding_constraint
-from infertune.tuner.roofline import ceiling_dtypes
+from infertune.tuner.roofline import ceiling_dtypes, floor_step_model
 from infertune.tuner.search import (
     Evaluation,
     ProgressFn,
@@ -47,6 +49,7 @@ class TuneOptions:
     quality: bool = True
     use_gpu: bool = True
     stale_after: float = 60.0  # seconds without heartbeat before a RUNNING trial is failed
+    gpus_per_replica: int | None = None  # None: the GPUs this pod sees (the Job gets a replica's)
     progress: ProgressFn | None = None
     log: Callable[[str], None] = print
     extra: dict[str, Any] = field(default_factory=dict)
@@ -109,15 +112,56 @@ def make_evaluator(
     return evaluate
 
 
-def profile_and_plan(
+@dataclass
+class Analysis:
+    """What the tuner knows of the model before any trial: its shape (None when config.json
+    cannot be read) and the memory-fit verdicts (MemoryFit.text()) of every precision searched."""
+
+    shape: ModelShape | None
+    memory_fit: list[str] = field(default_factory=list)
+
+
+def prune_before_trials(
     spec: TuningSpec, model_dir: Path, hardware: Hardware, space: Space, opts: TuneOptions
+) -> Analysis:
+    """Needs no engine: the built-in engine leaves the space when it cannot serve the model, and
+    every precision whose weights + one sequence's KV cannot fit one replica is pruned."""
+    if "builtin" in space.engines:
+        try:
+            LlamaConfig.from_dir(model_dir)
+        except ConfigError as exc:
+            space.drop_engine(
+                "builtin", f"the built-in engine cannot serve this model: {exc}", "capability"
+            )
+    try:
+        shape = ModelShape.from_dir(model_dir)
+    except (ShapeError, OSError) as exc:
+        opts.log(f"no analytic model of {model_dir} ({exc}): memory fit not checked")
+        return Analysis(None)
+    opts.log(f"model: {shape.describe()}")
+    budget = MemoryBudget.of(hardware, opts.gpus_per_replica)
+    fits = prune_by_memory(space, spec, shape, hardware, budget)
+    if not space.engines:
+        reasons = "; ".join(f"{p.engine} {p.knob}={p.value}: {p.reason}" for p in space.pruned)
+        raise ValueError(f"no configuration can run: {reasons}")
+    return Analysis(shape, [f"{f.engine}: {f.text()}" for f in fits])
+
+
+def profile_and_plan(
+    spec: TuningSpec,
+    model_dir: Path,
+    hardware: Hardware,
+    space: Space,
+    opts: TuneOptions,
+    analysis: Analysis | None = None,
 ) -> tuple[ModelProfile | None, SeedPlanner | None]:
-    """Ceilings + profile, roofline pruning, and the planner of the seeds."""
+    """Ceilings, the analytic floors, the built-in engine's own profile when `builtin` is
+    searched, roofline pruning, and the planner of the seeds."""
     if not opts.profile:
         return None, None
     from infertune.tuner.ceilings import load_or_measure
-    from infertune.tuner.profiler import profile_model
 
+    shape = analysis.shape if analysis else None
     quants = sorted({q for e in space.engines.values() for q in e.quantizations})
     dtypes = ceiling_dtypes(quants)
     opts.log(f"measuring ceilings on {hardware.describe()} (cached per machine)")
@@ -126,18 +170,30 @@ def profile_and_plan(
         f"  memory bandwidth {ceilings.memory_bandwidth_gbps:.1f} GB/s, peak "
         + ", ".join(f"{d} {f / 1e9:.1f} GFLOP/s" for d, f in sorted(ceilings.peak_flops.items()))
     )
-    batch = min(max(max(e.max_num_seqs) for e in space.engines.values()), 16)
     prompt = max(1, round(spec.traffic.prompt_tokens.expected))
-    opts.log(f"profiling prefill ({prompt} tokens) and decode (batch 1, {batch}) per precision")
-    profile = profile_model(
-        model_dir,
-        quants,
-        ceilings,
-        prompt_tokens=prompt,
-        batch=batch,
-        reference=spec.quality.reference,
-    )
-    prune_by_roofline(space, spec, LlamaConfig.from_dir(model_dir), profile)
+    profile = ModelProfile(ceilings.hardware, ceilings, spec.quality.reference)
+    if "builtin" in space.engines:
+        from infertune.tuner.profiler import profile_model
+
+        batch = min(max(max(e.max_num_seqs) for e in space.engines.values()), 16)
+        opts.log(f"profiling prefill ({prompt} tokens) and decode (batch 1, {batch}) per precision")
+        profile = profile_model(
+            model_dir,
+            quants,
+            ceilings,
+            prompt_tokens=prompt,
+            batch=batch,
+            reference=spec.quality.reference,
+        )
+    # Seam: calibration of the engines under test through their own API (TTFT at a few prompt
+    # lengths, ITL at a few batch sizes) fills profile.precisions here; until then a precision
+    # the built-in engine did not measure is planned from its floors (profile.analytic).
+    if shape is None:
+        return profile, SeedPlanner(space, spec, profile, SEED_COUNT)
+    profile.model = shape.to_dict()
+    profile.memory_fit = list(analysis.memory_fit) if analysis else []
+    profile.analytic = {q: floor_step_model(shape, ceilings, q, prompt) for q in quants}
+    prune_by_roofline(space, spec, shape, profile)
     return profile, SeedPlanner(space, spec, profile, SEED_COUNT)
 
 
@@ -158,7 +214,8 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
     if not space.engines:
         reasons = "; ".join(p.reason for p in space.pruned if p.knob == "engine")
         raise ValueError(f"no engine in search.engines can run here: {reasons}")
-    profile, planner = profile_and_plan(spec, model_dir, hardware, space, opts)
+    analysis = prune_before_trials(spec, model_dir, hardware, space, opts)
+    profile, planner = profile_and_plan(spec, model_dir, hardware, space, opts, analysis)
     for p in space.pruned:
         opts.log(f"pruned {p.engine} {p.knob}={p.value}: {p.reason}")
     max_trials = opts.max_trials or spec.budget.max_trials

@@ -17,6 +17,7 @@ from infertune.operator.api.spec import (
     InferenceServiceSpec,
     RetunePolicy,
     Rollout,
+    RolloutStrategy,
     Toleration,
 )
 from infertune.operator.api.status import (
@@ -55,6 +56,7 @@ __all__ = [
     "Profile",
     "RetunePolicy",
     "Rollout",
+    "RolloutStrategy",
     "ServingConfig",
     "Toleration",
     "TuningRun",

@@ -110,10 +110,29 @@ class RetunePolicy(ApiModel):
         return self
 
 
+class LocalObjectReference(ApiModel):
+    """A Secret in the InferenceService's namespace, by name (its contents are never read)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
 class InferenceServiceSpec(TuningSpec):
     hardware: Hardware = Field(default_factory=Hardware)
     rollout: Rollout = Field(default_factory=Rollout)
     retune: RetunePolicy = Field(default_factory=RetunePolicy)
+    image_pull_secrets: list[LocalObjectReference] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Pull secrets (in this namespace) added to the operator's own (the chart's "
+        "global.imagePullSecrets) on every pod made for this service: serving, canary, tuning.",
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        description="ServiceAccount of the serving pods (its token is not mounted); tuning pods "
+        "keep the operator's tuning account.",
+    )
 
     def tuning_spec(self) -> TuningSpec:
         """The part handed to the tuner; a change elsewhere (replicas, retune policy) never retunes."""

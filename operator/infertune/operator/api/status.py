@@ -91,6 +91,13 @@ class ServingConfigBase(ApiModel):
         default_factory=dict,
         description="Bound minus measured, per SLO metric (negative = missed).",
     )
+    startup_s: float | None = Field(
+        default=None, description="Seconds the winning trial's engine took to answer /health."
+    )
+    health_latency_ms: float | None = Field(
+        default=None,
+        description="Slowest /health round trip while the trial's load ran (sets probe timeouts).",
+    )
 
     def candidate(self) -> Candidate:
         """The knobs as the tuner's typed configuration (what the engine adapters take)."""

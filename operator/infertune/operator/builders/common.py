@@ -7,7 +7,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 from infertune.operator.api import API_VERSION, KIND, InferenceService
+from infertune.operator import engine_runtime
+from infertune.operator.engine_runtime import PROJECT_IMAGE, EngineRuntime
 from infertune.operator.hashing import digest
+from infertune.operator.settings import OperatorSettings
 from infertune.tuner.models import claim_mount, pod_path
 
 Obj = dict[str, Any]
@@ -22,7 +25,6 @@ ANN_CONFIG = "infertune.dev/config-hash"
 ANN_SPEC = "infertune.dev/spec-hash"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 GPU_RESOURCE = "nvidia.com/gpu"
-NONROOT_UID = 65532
 
 
 def child_name(base: str, suffix: str, limit: int = 63) -> str:
@@ -73,39 +75,25 @@ def stamp(obj: Obj) -> Obj:
     return obj
 
 
-def pod_security_context() -> Obj:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": NONROOT_UID,
-        "runAsGroup": NONROOT_UID,
-        "fsGroup": NONROOT_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+def pod_security_context(rt: EngineRuntime = PROJECT_IMAGE) -> Obj:
+    """The image's user (the project's images: 65532) and seccomp RuntimeDefault."""
+    return engine_runtime.pod_security_context(rt)
 
 
-def container_security_context() -> Obj:
-    return {
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "runAsNonRoot": True,
-        "capabilities": {"drop": ["ALL"]},
-    }
+def container_security_context(rt: EngineRuntime = PROJECT_IMAGE) -> Obj:
+    return engine_runtime.container_security_context(rt)
 
 
-def writable_dirs() -> tuple[list[Obj], list[Obj], list[Obj]]:
+def writable_dirs(rt: EngineRuntime = PROJECT_IMAGE) -> tuple[list[Obj], list[Obj], list[Obj]]:
     """emptyDirs for /tmp and caches (the root filesystem is read-only); volumes, mounts, env."""
-    vols = [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
-    mounts = [
-        {"name": "tmp", "mountPath": "/tmp"},  # noqa: S108 - an emptyDir, private to the pod
-        {"name": "cache", "mountPath": "/var/cache/infertune"},
-    ]
-    env = [
-        {"name": "HOME", "value": "/tmp"},  # noqa: S108 - the emptyDir above
-        {"name": "XDG_CACHE_HOME", "value": "/var/cache/infertune"},
-        {"name": "HF_HOME", "value": "/var/cache/infertune/huggingface"},
-        {"name": "TRITON_CACHE_DIR", "value": "/var/cache/infertune/triton"},
-    ]
-    return vols, mounts, env
+    return engine_runtime.writable_dirs(rt)
+
+
+def pull_secrets(isvc: InferenceService, settings: OperatorSettings) -> Obj:
+    """`imagePullSecrets` for a pod: the operator's (the chart's), then the service's own."""
+    names = [*settings.image_pull_secrets, *(s.name for s in isvc.spec.image_pull_secrets)]
+    unique = list(dict.fromkeys(names))
+    return {"imagePullSecrets": [{"name": n} for n in unique]} if unique else {}
 
 
 def model_location(uri: str) -> tuple[str, list[Obj], list[Obj]]:

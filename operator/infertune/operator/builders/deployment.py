@@ -15,10 +15,13 @@ from infertune.operator.builders.common import (
     model_location,
     placement,
     pod_security_context,
+    pull_secrets,
     resources,
     stamp,
     writable_dirs,
 )
+from infertune.operator.builders.probes import serving_probes
+from infertune.operator.engine_runtime import PROJECT_IMAGE
 from infertune.operator.hashing import config_hash
 from infertune.operator.settings import OperatorSettings
 from infertune.tuner.engines import get_adapter
@@ -86,10 +89,19 @@ def gguf_init_container(
         "imagePullPolicy": settings.image_pull_policy,
         "command": command,
         "resources": resources(isvc),
-        "securityContext": container_security_context(),
-        "env": writable_dirs()[2],
+        # The tuner image is the project's: its own user and read-only root, whatever the engine's.
+        "securityContext": container_security_context(PROJECT_IMAGE),
+        "env": writable_dirs(PROJECT_IMAGE)[2],
         "volumeMounts": mounts,
     }
+
+
+def serving_identity(isvc: InferenceService, settings: OperatorSettings) -> Obj:
+    """The serving pods' pull secrets and, when the spec names one, their service account."""
+    out = pull_secrets(isvc, settings)
+    if isvc.spec.service_account_name:
+        out["serviceAccountName"] = isvc.spec.service_account_name
+    return out
 
 
 def deployment_name(isvc: InferenceService, track: str) -> str:
@@ -111,7 +123,8 @@ def desired_deployment(
     meta["annotations"][ANN_CONFIG] = chash
     selector = {LABEL_ISVC: isvc.name[:63], LABEL_TRACK: track}
     _, model_vols, model_mounts = model_location(isvc.spec.model.uri)
-    tmp_vols, tmp_mounts, tmp_env = writable_dirs()
+    runtime = settings.runtime_for(config.candidate().engine)
+    tmp_vols, tmp_mounts, tmp_env = writable_dirs(runtime)
     port = settings.serving_port
     probe_http = {"path": "/health", "port": "http"}
     container: Obj = {
@@ -126,11 +139,10 @@ def desired_deployment(
         ],
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "resources": resources(isvc),
-        "securityContext": container_security_context(),
-        # Loading weights can take minutes: the startup probe holds liveness off until /health answers.
-        "startupProbe": {"httpGet": probe_http, "periodSeconds": 5, "failureThreshold": 120},
-        "readinessProbe": {"httpGet": probe_http, "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": probe_http, "periodSeconds": 15, "failureThreshold": 4},
+        "securityContext": container_security_context(runtime),
+        # Timed by the winner's measured start-up and /health latency under load: the startup
+        # probe holds liveness off while weights load, and liveness never kills a busy engine.
+        **serving_probes(probe_http, config.startup_s, config.health_latency_ms),
         "volumeMounts": [*tmp_mounts, *model_mounts],
     }
     volumes = [*tmp_vols, *model_vols]
@@ -138,8 +150,11 @@ def desired_deployment(
     if needs_gguf(isvc, config):
         gguf_mount = {"name": "gguf", "mountPath": GGUF_DIR}
         volumes.append({"name": "gguf", "emptyDir": {}})
+        init_vols, init_mounts, _ = writable_dirs(PROJECT_IMAGE)
+        have = {v["name"] for v in volumes}
+        volumes += [v for v in init_vols if v["name"] not in have]
         init.append(
-            gguf_init_container(isvc, config, settings, [*tmp_mounts, *model_mounts, gguf_mount])
+            gguf_init_container(isvc, config, settings, [*init_mounts, *model_mounts, gguf_mount])
         )
         container["volumeMounts"].append({**gguf_mount, "readOnly": True})
     template_meta = {
@@ -169,9 +184,10 @@ def desired_deployment(
                 "template": {
                     "metadata": template_meta,
                     "spec": {
+                        **serving_identity(isvc, settings),
                         "automountServiceAccountToken": False,
                         "enableServiceLinks": False,
-                        "securityContext": pod_security_context(),
+                        "securityContext": pod_security_context(runtime),
                         **({"initContainers": init} if init else {}),
                         "containers": [container],
                         "volumes": volumes,

@@ -15,6 +15,7 @@ from infertune.operator.builders.common import (
     model_location,
     placement,
     pod_security_context,
+    pull_secrets,
     resources,
     stamp,
     writable_dirs,
@@ -132,6 +133,8 @@ def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSetting
     }
     if settings.tuning_service_account:
         pod_spec["serviceAccountName"] = settings.tuning_service_account
+    # The operator's pull secrets (the chart's, cluster-wide or not) and the service's own.
+    pod_spec.update(pull_secrets(isvc, settings))
     pod_labels = {k: v for k, v in meta["labels"].items()}
     return stamp(
         {
