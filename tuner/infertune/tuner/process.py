@@ -206,3 +206,41 @@ def gpu_memory(pid: int) -> int | None:
         return None
     finally:
         pynvml.nvmlShutdown()
+
+
+class HealthWatch:
+    """Times /health round trips on a thread while a load test runs: how late a saturated engine
+    answers the probe the operator's kubelet will send. A probe that times out counts as the
+    timeout; `worst_ms` is None when no probe finished."""
+
+    def __init__(self, url: str, *, interval_s: float = 1.0, timeout_s: float = 30.0) -> None:
+        import threading
+
+        self.url, self.interval_s, self.timeout_s = url, interval_s, timeout_s
+        self.samples_ms: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="health-watch", daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                with urllib.request.urlopen(self.url, timeout=self.timeout_s) as resp:  # noqa: S310 - our own loopback server
+                    resp.read()
+            except (urllib.error.URLError, OSError, TimeoutError):
+                if self._stop.is_set():
+                    break
+            self.samples_ms.append((time.monotonic() - started) * 1000.0)
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> HealthWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.timeout_s + 1)
+
+    @property
+    def worst_ms(self) -> float | None:
+        return max(self.samples_ms) if self.samples_ms else None

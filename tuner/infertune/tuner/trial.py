@@ -21,11 +21,14 @@ from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines import AdapterError, EngineAdapter, get_adapter
 from infertune.tuner.hardware import Hardware
 from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
-from infertune.tuner.process import EngineProcess, TrialError
+from infertune.tuner.process import EngineProcess, HealthWatch, TrialError
 from infertune.tuner.verdict import LATENCY_FIGURE_KEYS, figure_key, judge_figures
 
 # (step, intermediate goodput) -> True when the study's pruner wants the trial stopped.
 ReportFn = Callable[[int, float], bool]
+# The slowest /health round trip during the load (ms): not an SLO figure, but what the operator
+# times its serving pods' probes by (result.py puts it in the summary as healthLatencyMs).
+HEALTH_KEY = "healthMaxMs"
 FIGURE_KEYS = (
     *LATENCY_FIGURE_KEYS,
     "goodputRps",
@@ -248,20 +251,22 @@ class TrialRunner:
             return False
 
         tokenizer = self.model_dir if (self.model_dir / "tokenizer.json").exists() else None
+        health = HealthWatch(engine.url + engine.launch.health_path)
         try:
-            result = run_load_sync(
-                engine.url,
-                traffic,
-                self.spec.slo,
-                model=engine.launch.served_model_name,
-                tokenizer_dir=tokenizer,
-                options=Options(
-                    timeout=max(1.0, deadline - time.monotonic()),
-                    seed=self.seed,
-                    progress_interval=0.5,
-                ),
-                should_stop=should_stop,
-            )
+            with health:
+                result = run_load_sync(
+                    engine.url,
+                    traffic,
+                    self.spec.slo,
+                    model=engine.launch.served_model_name,
+                    tokenizer_dir=tokenizer,
+                    options=Options(
+                        timeout=max(1.0, deadline - time.monotonic()),
+                        seed=self.seed,
+                        progress_interval=0.5,
+                    ),
+                    should_stop=should_stop,
+                )
         except (ValueError, OSError) as exc:
             self.close()
             return Measurement(
@@ -271,7 +276,10 @@ class TrialRunner:
                 "error",
                 wall_s=time.monotonic() - started,
             )
-        return self._measurement(config, engine, reused, result, stop_reason, started)
+        m = self._measurement(config, engine, reused, result, stop_reason, started)
+        if health.worst_ms is not None:
+            m.figures[HEALTH_KEY] = round(health.worst_ms, 3)
+        return m
 
     def _measurement(
         self,

@@ -72,8 +72,22 @@ class Canary(ApiModel):
     window: Duration = Field(default=Duration("5m"), description="How long the canary must hold.")
 
 
+RolloutStrategy = Literal["Auto", "Surge", "ReplaceInPlace"]
+
+
 class Rollout(ApiModel):
     replicas: int = Field(default=1, ge=0, le=1000)
+    strategy: RolloutStrategy = Field(
+        default="Auto",
+        description=(
+            "How a new config replaces the serving pods. Surge: one extra pod first (maxSurge 1, "
+            "maxUnavailable 0), which needs a free GPU. ReplaceInPlace: one pod at a time is "
+            "stopped and replaced (maxSurge 0, maxUnavailable 1), so no spare GPU is needed; a "
+            "canary takes one of the stable replicas' slots (refused when replicas <= "
+            "canary.replicas). Auto: surge, and switch to ReplaceInPlace as soon as the scheduler "
+            "cannot place a surge or canary pod."
+        ),
+    )
     canary: Canary = Field(default_factory=Canary)
     rollback_on_slo_breach: bool = True
 

@@ -10,8 +10,15 @@ from infertune.tuner.api import ApiModel
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.knobs import SERVING_KNOBS, KnobSet
 
-ConditionType = Literal["Profiled", "Tuned", "RolledOut", "SLOMet", "Ready"]
-CONDITION_TYPES: tuple[str, ...] = ("Profiled", "Tuned", "RolledOut", "SLOMet", "Ready")
+ConditionType = Literal["Profiled", "Tuned", "RolledOut", "SLOMet", "Schedulable", "Ready"]
+CONDITION_TYPES: tuple[str, ...] = (
+    "Profiled",
+    "Tuned",
+    "RolledOut",
+    "SLOMet",
+    "Schedulable",
+    "Ready",
+)
 
 
 class Condition(ApiModel):
@@ -194,5 +201,12 @@ class InferenceServiceStatus(ApiModel):
     live: ServingConfig | None = Field(default=None, description="The configuration serving now.")
     observed: Observation | None = None
     canary: CanaryRun | None = None
+    rollout_strategy: Literal["Surge", "ReplaceInPlace"] | None = Field(
+        default=None,
+        description=(
+            "What spec.rollout.strategy Auto resolved to: ReplaceInPlace once a surge or canary "
+            "pod could not be scheduled; reset to surging when a new config rolls out."
+        ),
+    )
     last_retune_time: str | None = None
     history: list[HistoryEntry] = Field(default_factory=list, max_length=20)

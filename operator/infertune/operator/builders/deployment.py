@@ -96,6 +96,15 @@ def gguf_init_container(
     }
 
 
+def rollout_strategy(strategy: str) -> Obj:
+    """The Deployment's strategy. Surge never drops below the serving capacity but needs a free
+    GPU for the extra pod; ReplaceInPlace stops one pod before its replacement starts, so it rolls
+    on a full GPU pool (one replica fewer meanwhile; with one replica, a gap in serving)."""
+    if strategy == "ReplaceInPlace":
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}
+
+
 def serving_identity(isvc: InferenceService, settings: OperatorSettings) -> Obj:
     """The serving pods' pull secrets and, when the spec names one, their service account."""
     out = pull_secrets(isvc, settings)
@@ -115,7 +124,10 @@ def desired_deployment(
     *,
     track: str = "stable",
     replicas: int | None = None,
+    strategy: str | None = None,
 ) -> Obj:
+    """`strategy`: Surge or ReplaceInPlace as resolved (schedulable.effective_strategy); by
+    default the spec's, Auto surging."""
     image = settings.image_for(config.candidate().engine)
     chash = config_hash(config, isvc.spec.model.uri, image)
     name = deployment_name(isvc, track)
@@ -167,6 +179,7 @@ def desired_deployment(
         },
     }
     count = isvc.spec.rollout.replicas if replicas is None else replicas
+    want = isvc.spec.rollout.strategy
     return stamp(
         {
             "apiVersion": "apps/v1",
@@ -175,11 +188,7 @@ def desired_deployment(
             "spec": {
                 "replicas": count,
                 "selector": {"matchLabels": selector},
-                # Never drop below the serving capacity while a new config rolls in.
-                "strategy": {
-                    "type": "RollingUpdate",
-                    "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
-                },
+                "strategy": rollout_strategy(strategy or ("Surge" if want == "Auto" else want)),
                 "revisionHistoryLimit": 3,
                 "template": {
                     "metadata": template_meta,
