@@ -26,6 +26,7 @@ from infertune.operator.monitor import Live, PrometheusError, Window, summarise
 from infertune.operator.rollout import ensure_serving, roll_out
 from infertune.operator.runtime import Runtime
 from infertune.operator.tuning_run import start_run
+from infertune.tuner.gpu_identity import GpuIdentity, gpu_identity
 
 MATERIAL = 0.10  # relative change of a figure worth a status write (idle objects must stay quiet)
 
@@ -151,7 +152,7 @@ def due(rt: Runtime, key: tuple[str, str], interval: float, now: float) -> bool:
 
 
 async def check(
-    rt: Runtime, body: Any, pods: list[dict[str, Any]], nodes: dict[str, str | None]
+    rt: Runtime, body: Any, pods: list[dict[str, Any]], nodes: dict[str, GpuIdentity | None]
 ) -> None:
     try:
         ctx = load(rt, body)
@@ -170,8 +171,15 @@ async def check(
         enough = traffic.requests >= rt.settings.min_requests_for_drift
         if enough:  # what a retune is given, even if the last window is thin
             service.traffic_seen = traffic
+        # Per replica on both sides: the tuner loaded one replica; the live rate sums the pods.
+        serving = len(_serving_pods(pods)) or spec.rollout.replicas
         drift = (
-            traffic_drift(tuned_traffic(st.live, spec.traffic), traffic.figures, spec.retune)
+            traffic_drift(
+                tuned_traffic(st.live, spec.traffic, spec.rollout.replicas),
+                traffic.figures,
+                spec.retune,
+                replicas=serving,
+            )
             if enough
             else None
         )
@@ -200,10 +208,10 @@ async def check(
         await _check_canary(ctx, pods)
         await commit(ctx)
         return
-    products = {nodes.get(p.get("node") or "") for p in _serving_pods(pods)}
-    hardware = hardware_change(
-        st.tuning.gpu_product if st.tuning else None, {p for p in products if p}
-    )
+    found = {nodes.get(p.get("node") or "") for p in _serving_pods(pods)}
+    products = {gpu for gpu in found if gpu is not None}
+    tuned_on = gpu_identity(st.tuning.gpu_product, st.tuning.gpu_memory_mib) if st.tuning else None
+    hardware = hardware_change(tuned_on, products)
     tuned = get_condition(st.conditions, "Tuned")
     if tuned is not None and tuned.reason == "Tuning":
         await commit(ctx)
@@ -229,17 +237,14 @@ async def check(
                 log.info("%s/%s: %s", *ctx.key, note)
                 ctx.history("TrafficClamped", decision.reason, note)
             tuning = tuning.model_copy(update={"traffic": shape})
-        product = (
-            sorted(p for p in products if p)[0]
-            if decision.reason == REASON_HARDWARE and any(products)
-            else None
-        )
+        moved = [g for g in products if tuned_on is None or not g.same_as(tuned_on)]
+        gpu = min(moved, key=str) if decision.reason == REASON_HARDWARE and moved else None
         ctx.event(
             "Warning" if decision.reason != REASON_HARDWARE else "Normal",
             decision.reason,
             decision.message,
         )
         ctx.history("RetuneTriggered", decision.reason, decision.message)
-        await start_run(ctx, decision.reason, tuning, gpu_product=product)
+        await start_run(ctx, decision.reason, tuning, gpu=gpu)
         service.timers, service.traffic_seen = RetuneTimers(), None
     await commit(ctx)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from infertune.operator.api import Figures, RetunePolicy, ServingConfig
 from infertune.tuner.api import SLO, LengthDistribution, TrafficProfile
 from infertune.tuner.api.traffic import MAX_TOKENS
+from infertune.tuner.gpu_identity import GpuIdentity
 from infertune.tuner.lognormal import max_lognormal_p95
 from infertune.tuner.verdict import judge, judge_figures
 
@@ -51,18 +52,22 @@ class RetuneTimers:
 
 @dataclass(frozen=True)
 class TrafficRef:
-    """The traffic a live config was tuned for."""
+    """The traffic a live config was tuned for; `rate` is one replica's (requests/s)."""
 
     rate: float | None
     prompt_tokens: float | None
     output_tokens: float | None
 
 
-def tuned_traffic(config: ServingConfig | None, traffic: TrafficProfile) -> TrafficRef:
-    """What the tuner measured the winner under, falling back to the spec's traffic."""
+def tuned_traffic(
+    config: ServingConfig | None, traffic: TrafficProfile, replicas: int = 1
+) -> TrafficRef:
+    """What the tuner measured the winner under (one replica's load), falling back to the spec's
+    traffic (the service's total, so its rate is shared among `replicas`)."""
     m = config.measured if config is not None and config.measured is not None else Figures()
+    share = traffic.rate / max(1, replicas) if traffic.rate is not None else None
     return TrafficRef(
-        rate=m.request_rate if m.request_rate is not None else traffic.rate,
+        rate=m.request_rate if m.request_rate is not None else share,
         prompt_tokens=m.prompt_tokens_mean
         if m.prompt_tokens_mean is not None
         else traffic.prompt_tokens.expected,
@@ -76,11 +81,18 @@ def _relative(observed: float, reference: float) -> float:
     return abs(observed - reference) / reference if reference > 0 else 0.0
 
 
-def traffic_drift(ref: TrafficRef, observed: Figures, policy: RetunePolicy) -> list[str]:
-    """Dimensions whose relative change exceeds the policy's thresholds."""
+def traffic_drift(
+    ref: TrafficRef, observed: Figures, policy: RetunePolicy, replicas: int = 1
+) -> list[str]:
+    """Dimensions whose relative change exceeds the policy's thresholds.
+
+    Like with like, per replica: the live rate is the sum over the `replicas` serving pods it was
+    read from, so it is divided by them before it meets the tuned rate (one replica's load)."""
     out: list[str] = []
+    live_rate = observed.request_rate
+    per_pod = live_rate / max(1, replicas) if live_rate is not None else None
     pairs = (
-        ("rate", ref.rate, observed.request_rate, policy.drift.rate, "req/s"),
+        ("rate", ref.rate, per_pod, policy.drift.rate, "req/s per replica"),
         (
             "promptTokens",
             ref.prompt_tokens,
@@ -109,14 +121,15 @@ def traffic_drift(ref: TrafficRef, observed: Figures, policy: RetunePolicy) -> l
     return out
 
 
-def hardware_change(tuned_product: str | None, serving_products: set[str]) -> str | None:
-    """A message when a serving pod's node has a GPU product other than the one tuned on."""
-    if tuned_product is None or not serving_products:
+def hardware_change(tuned: GpuIdentity | None, serving: set[GpuIdentity]) -> str | None:
+    """A message when a serving pod's node has a GPU other than the one tuned on (compared as one
+    identity, :mod:`infertune.tuner.gpu_identity`: NVML's and the node label's spellings agree)."""
+    if tuned is None or not serving:
         return None
-    others = sorted(serving_products - {tuned_product})
+    others = sorted({str(gpu) for gpu in serving if not gpu.same_as(tuned)})
     if not others:
         return None
-    return f"serving on {', '.join(others)} but tuned on {tuned_product}"
+    return f"serving on {', '.join(others)} but tuned on {tuned}"
 
 
 def in_cooldown(last_retune_epoch: float | None, now_epoch: float, cooldown_s: float) -> bool:

@@ -14,7 +14,6 @@ import kopf
 from infertune.operator import checking, placement, reactions, rollout, tuning_run
 from infertune.operator.api import GROUP, PLURAL, VERSION
 from infertune.operator.builders.common import (
-    GPU_PRODUCT_LABEL,
     LABEL_COMPONENT,
     LABEL_ISVC,
     LABEL_MANAGED,
@@ -26,6 +25,7 @@ from infertune.operator.monitor import PrometheusSource
 from infertune.operator.pods import pod_summary
 from infertune.operator.runtime import Runtime
 from infertune.operator.settings import OperatorSettings
+from infertune.tuner.gpu_identity import GpuIdentity, from_node_labels
 
 ISVC = (GROUP, VERSION, PLURAL)
 OURS = {LABEL_MANAGED: MANAGED_BY}
@@ -60,7 +60,7 @@ def _values(index: Any, key: Any) -> list[Any]:
     return list(store)
 
 
-def _nodes(index: Any) -> dict[str, str | None]:
+def _nodes(index: Any) -> dict[str, GpuIdentity | None]:
     if index is None:
         return {}
     return {name: next(iter(store), None) for name, store in index.items()}
@@ -119,7 +119,8 @@ def build_registry(settings: OperatorSettings) -> kopf.OperatorRegistry:
 
     @kopf.index("", "v1", "nodes", registry=registry, id="infertune_nodes")
     def infertune_nodes(**kw: Any) -> dict[Any, Any]:
-        return {kw["name"]: kw["labels"].get(GPU_PRODUCT_LABEL)}
+        # GFD's product and memory labels, as the one identity the tuner's result is compared in.
+        return {kw["name"]: from_node_labels(kw["labels"])}
 
     async def spec_handler(**kw: Any) -> None:
         rt, body = _rt(kw["memo"]), kw["body"]

@@ -23,6 +23,18 @@ DEFAULT_ENGINE_IMAGES: dict[str, str] = {
     "llamacpp": "llama.cpp:server",
 }
 SERVING_PORT = 8000
+# USD per GPU-hour by GPU product (either spelling) for slo.objective cost-per-token when a
+# service gives no spec.hardware.gpuHourlyPrice. ASSUMPTIONS, not quotes: round on-demand cloud
+# list prices per GPU (2024); set the chart's gpuHourlyPrices to what you pay.
+DEFAULT_GPU_HOURLY_PRICES: dict[str, float] = {
+    "NVIDIA-H100-80GB-HBM3": 4.0,
+    "NVIDIA-H100-PCIe": 3.0,
+    "NVIDIA-A100-SXM4-80GB": 2.5,
+    "NVIDIA-A100-SXM4-40GB": 2.0,
+    "NVIDIA-L40S": 1.5,
+    "NVIDIA-A10G": 1.0,
+    "NVIDIA-L4": 0.8,
+}
 
 
 class OperatorSettings(BaseModel):
@@ -61,6 +73,10 @@ class OperatorSettings(BaseModel):
         default=0.05, ge=0, le=10, description="Relative objective gain a retune must show."
     )
     image_pull_policy: str = "IfNotPresent"
+    gpu_hourly_prices: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_GPU_HOURLY_PRICES),
+        description="USD per GPU-hour by GPU product, for the cost-per-token objective.",
+    )
 
     @field_validator("storage_secret")
     @classmethod
@@ -100,6 +116,17 @@ def _engine_runtime(text: str) -> tuple[str, dict[str, object]]:
         return parse_runtime_override(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _gpu_price(text: str) -> tuple[str, float]:
+    product, sep, price = text.rpartition("=")
+    try:
+        value = float(price)
+    except ValueError:
+        value = -1.0
+    if not sep or not product or not value >= 0:
+        raise argparse.ArgumentTypeError(f"--gpu-hourly-price {text!r}: write PRODUCT=USD")
+    return product, value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=20,
         help="requests a check window needs before its traffic counts toward drift",
     )
+    p.add_argument(
+        "--gpu-hourly-price",
+        action="append",
+        type=_gpu_price,
+        default=[],
+        metavar="PRODUCT=USD",
+        help="USD per GPU-hour of a GPU product (cost-per-token); adds to or replaces a default",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -171,6 +206,7 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         tuning_service_account=args.tuning_service_account or None,
         monitor_tick_s=args.monitor_tick,
         min_requests_for_drift=args.drift_min_requests,
+        gpu_hourly_prices={**DEFAULT_GPU_HOURLY_PRICES, **dict(args.gpu_hourly_price)},
     )
 
 

@@ -34,6 +34,7 @@ class SummaryBest(_Camel):
     slo_margins_ms: dict[str, float] = Field(default_factory=dict, alias="sloMarginsMs")
     startup_s: float | None = Field(default=None, alias="startupS")
     health_latency_ms: float | None = Field(default=None, alias="healthLatencyMs")
+    cost_per_million_tokens: float | None = Field(default=None, alias="costPerMillionTokens")
 
     @model_validator(mode="after")
     def _knobs_complete(self) -> SummaryBest:
@@ -55,6 +56,7 @@ class Summary(_Camel):
     trials_total: int = Field(default=0, alias="trialsTotal")
     hardware: str | None = None
     gpu_product: str | None = Field(default=None, alias="gpuProduct")
+    gpu_memory_mib: int | None = Field(default=None, alias="gpuMemoryMib")
     best: SummaryBest | None = None
     binding_constraint: str | None = Field(default=None, alias="bindingConstraint")
     profile: dict[str, Any] | None = None
@@ -69,6 +71,7 @@ class Summary(_Camel):
             slo_margins_ms=dict(b.slo_margins_ms),
             startup_s=b.startup_s,
             health_latency_ms=b.health_latency_ms,
+            cost_per_million_tokens=b.cost_per_million_tokens,
         )
 
     def status_profile(self) -> Profile | None:

@@ -20,6 +20,7 @@ from infertune.operator.rollout import deployment_state, describe, on_deployment
 from infertune.operator.runtime import Runtime
 from infertune.operator.summary import Summary, parse_summary
 from infertune.tuner.api import TuningSpec
+from infertune.tuner.gpu_identity import GpuIdentity, gpu_identity
 
 USER_REASONS = ("Created", "SpecChanged")
 # How often an unsettled child is read back by the timer (see resync_children).
@@ -27,10 +28,14 @@ CHILD_RESYNC_S = 30.0
 
 
 async def start_run(
-    ctx: Ctx, reason: str, tuning: TuningSpec, gpu_product: str | None = None
+    ctx: Ctx, reason: str, tuning: TuningSpec, gpu: GpuIdentity | None = None
 ) -> None:
+    """Start a run on `tuning` (the service's total traffic: the pod gets one replica's share),
+    pinned to `gpu`'s product when given (a hardware-change retune)."""
     rt, isvc, st = ctx.rt, ctx.isvc, ctx.status
-    pod_spec = pod_tuning_spec(tuning)
+    replicas = isvc.spec.rollout.replicas
+    pod_spec = pod_tuning_spec(tuning, replicas)
+    gpu_product = gpu.product if gpu is not None else None
     rhash = run_hash(pod_spec, gpu_product)
     # Deterministic per decision: a retried handler finds the Job it already created.
     run_id = digest(
@@ -64,6 +69,9 @@ async def start_run(
         trials_total=pod_spec.budget.max_trials,
         started_at=ctx.now,
         gpu_product=gpu_product,
+        gpu_memory_mib=gpu.memory_mib if gpu is not None else None,
+        replicas=max(1, replicas),
+        replica_rate=pod_spec.traffic.rate,
     )
     message = f"tuning Job {job_name} started ({reason}); study {st.tuning.study}"
     ctx.condition("Tuned", "Unknown", "Tuning", message)
@@ -71,8 +79,10 @@ async def start_run(
         ctx.condition("Profiled", "Unknown", "Profiling", f"profiling in Job {job_name}")
     ctx.history("TuningStarted", reason, message)
     ctx.event("Normal", "TuningStarted", message)
+    # Every run starts the cooldown clock, the first included: a retune right after it (an SLO
+    # miss while the first config settles, a GPU seen differently) would hold a GPU again at once.
+    st.last_retune_time = ctx.now
     if reason not in USER_REASONS:
-        st.last_retune_time = ctx.now
         rt.metrics.retunes.labels(reason).inc()
 
 
@@ -89,7 +99,10 @@ def _job_pod(pods: list[dict[str, Any]], job_name: str) -> dict[str, Any] | None
 
 
 async def ingest_job(
-    rt: Runtime, job: dict[str, Any], pods: list[dict[str, Any]], nodes: dict[str, str | None]
+    rt: Runtime,
+    job: dict[str, Any],
+    pods: list[dict[str, Any]],
+    nodes: dict[str, GpuIdentity | None],
 ) -> None:
     """A tuning Job finished: read the tuner's summary from the pod's termination message."""
     outcome = _job_finished(job)
@@ -140,7 +153,7 @@ def _run_failed(ctx: Ctx, reason: str, why: str) -> None:
 
 
 async def resync_children(
-    rt: Runtime, body: Any, pods: list[dict[str, Any]], nodes: dict[str, str | None]
+    rt: Runtime, body: Any, pods: list[dict[str, Any]], nodes: dict[str, GpuIdentity | None]
 ) -> bool:
     """Level-triggered backstop for the Job and Deployment watches (called by the timer).
 
@@ -210,15 +223,21 @@ async def _job_lost(rt: Runtime, namespace: str, name: str, job_name: str) -> bo
 
 
 async def _ingest_summary(
-    ctx: Ctx, summary: Summary, pod: dict[str, Any] | None, nodes: dict[str, str | None]
+    ctx: Ctx, summary: Summary, pod: dict[str, Any] | None, nodes: dict[str, GpuIdentity | None]
 ) -> None:
     st, run = ctx.status, ctx.status.tuning
     assert run is not None
     run.trials_completed = summary.trials_completed
     run.trials_total = summary.trials_total or run.trials_total
-    node_product = nodes.get(pod.get("node") or "") if pod else None
-    # The product the result holds for: what the tuner saw, else the label of the node it ran on.
-    run.gpu_product = summary.gpu_product or node_product or run.gpu_product
+    node_gpu = nodes.get(pod.get("node") or "") if pod else None
+    # The GPU the result holds for: what the tuner saw, else the labels of the node it ran on.
+    gpu = (
+        gpu_identity(summary.gpu_product, summary.gpu_memory_mib)
+        or node_gpu
+        or gpu_identity(run.gpu_product, run.gpu_memory_mib)
+    )
+    if gpu is not None:
+        run.gpu_product, run.gpu_memory_mib = gpu.product, gpu.memory_mib
     profile = summary.status_profile()
     if profile is not None:
         st.profile = profile

@@ -16,6 +16,7 @@ from infertune.operator.drift import (
     tuned_traffic,
 )
 from infertune.tuner.api import SLO, TrafficProfile
+from infertune.tuner.gpu_identity import gpu_identity
 
 POLICY = RetunePolicy.model_validate(
     {"checkInterval": "15s", "violationWindow": "30s", "cooldown": "1m"}
@@ -95,7 +96,7 @@ def test_drift_beyond_thresholds_only() -> None:
     assert len(out) == 1 and out[0].startswith("promptTokens 400") and "+400%" in out[0]
     slow = Figures(request_rate=2.0, prompt_tokens_mean=80.0, output_tokens_mean=64.0)
     (rate,) = traffic_drift(ref, slow, POLICY)
-    assert rate.startswith("rate 2 req/s vs tuned 8") and "(-75% beyond" in rate
+    assert rate.startswith("rate 2 req/s per replica vs tuned 8") and "(-75% beyond" in rate
 
 
 def test_tuned_reference_prefers_what_the_tuner_measured() -> None:
@@ -106,8 +107,10 @@ def test_tuned_reference_prefers_what_the_tuner_measured() -> None:
 
 
 def test_hardware_change_is_immediate_and_first() -> None:
-    assert hardware_change("NVIDIA-H100-80GB-HBM3", {"NVIDIA-H100-80GB-HBM3"}) is None
-    msg = hardware_change("NVIDIA-H100-80GB-HBM3", {"NVIDIA-A100-SXM4-80GB"})
+    h100, a100 = gpu_identity("NVIDIA-H100-80GB-HBM3"), gpu_identity("NVIDIA-A100-SXM4-80GB")
+    assert h100 is not None and a100 is not None
+    assert hardware_change(h100, {h100}) is None
+    msg = hardware_change(h100, {a100})
     assert msg == "serving on NVIDIA-A100-SXM4-80GB but tuned on NVIDIA-H100-80GB-HBM3"
     w = RetuneTimers()
     w.update(0, violated=True, drifted=["rate"])
@@ -215,3 +218,54 @@ def test_steady_observations_are_not_rewritten() -> None:
     )
     assert material_change(a, a.model_copy(update={"slo_met": False, "violating": ["ttft"]}))
     assert material_change(None, a)
+
+
+def test_nvml_result_on_a_gfd_labelled_node_is_no_hardware_change() -> None:
+    # The tuner's summary names the GPU as NVML does; the node carries GFD's labels (MiB memory).
+    from infertune.tuner.gpu_identity import from_node_labels, from_nvml
+    from infertune.tuner.result import TuningResult, compact_summary
+
+    result = TuningResult(
+        study="s", status="failed", reason="", objective="goodput", slo={}, trials=[],
+        trials_total=1,
+        hardware={"kind": "gpu", "product": "NVIDIA H100 80GB HBM3", "memory_bytes": 81559 * 2**20},
+    )  # fmt: skip
+    summary = compact_summary(result)
+    tuned = gpu_identity(summary["gpuProduct"], summary["gpuMemoryMib"])
+    node = from_node_labels(
+        {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "nvidia.com/gpu.memory": "81559"}
+    )
+    assert tuned is not None and node is not None
+    assert hardware_change(tuned, {node}) is None
+    # Time-slicing's -SHARED suffix is the same GPU; old statuses with NVML's name still match.
+    shared = from_node_labels({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3-SHARED"})
+    assert shared is not None and hardware_change(tuned, {shared}) is None
+    assert hardware_change(gpu_identity("NVIDIA H100 80GB HBM3"), {node}) is None
+    # A real change: another product, or the same name with another memory size.
+    pcie = from_node_labels({"nvidia.com/gpu.product": "NVIDIA-H100-PCIe"})
+    assert pcie is not None
+    assert hardware_change(tuned, {node, pcie}) == (
+        "serving on NVIDIA-H100-PCIe but tuned on NVIDIA-H100-80GB-HBM3 (80 GiB)"
+    )
+    small = from_nvml("NVIDIA H100 80GB HBM3", 40 * 2**30)
+    assert small is not None and hardware_change(tuned, {small}) is not None
+
+
+def test_three_replicas_at_three_times_a_pods_share_is_no_drift() -> None:
+    from infertune.operator.builders.job import pod_tuning_spec
+    from infertune.tuner.api import TuningSpec
+
+    spec = TuningSpec.model_validate(
+        {"model": {"uri": "builtin://tiny"}, "slo": {"ttft": {"max": "1s"}},
+         "traffic": {"rate": 30, "numRequests": 60}}
+    )  # fmt: skip
+    # Trials load one replica with its share of the service's total rate.
+    assert pod_tuning_spec(spec, 3).traffic.rate == 10
+    assert pod_tuning_spec(spec, 0).traffic.rate == 30
+    live = cfg(measured={"requestRate": 10.0, "promptTokensMean": 128.0, "outputTokensMean": 64.0})
+    seen = Figures(request_rate=30.0, prompt_tokens_mean=128.0, output_tokens_mean=64.0)
+    assert traffic_drift(tuned_traffic(live, spec.traffic, 3), seen, POLICY, replicas=3) == []
+    # Without a measurement, the spec's total is shared among the replicas too.
+    assert traffic_drift(tuned_traffic(None, spec.traffic, 3), seen, POLICY, replicas=3) == []
+    # The same total on one pod is three times its share: drift.
+    assert traffic_drift(tuned_traffic(live, spec.traffic, 3), seen, POLICY, replicas=1)

@@ -67,7 +67,7 @@ def test_summary_keys_and_operator_models() -> None:
     s = compact_summary(result())
     assert set(s) == {
         "version", "status", "reason", "study", "trialsCompleted", "trialsTotal", "hardware",
-        "gpuProduct", "best", "bindingConstraint", "profile",
+        "gpuProduct", "gpuMemoryMib", "best", "bindingConstraint", "profile",
     }  # fmt: skip
     assert s["version"] == 1 and s["status"] == "succeeded" and s["gpuProduct"].startswith("NVIDIA")
     assert s["best"]["measured"] == FIGURES  # the contract's keys, e2eP50Ms included

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 from infertune.tuner.api.load import SpecError, load_tuning_spec
+from infertune.tuner.cost import parse_prices
 from infertune.tuner.result import TuningResult, compact_summary, summary_json
 from infertune.tuner.search import Evaluation
 
@@ -49,6 +50,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=60.0,
         help="seconds without a heartbeat after which another worker's RUNNING trial is failed",
+    )
+    p.add_argument(
+        "--gpu-hourly-price",
+        action="append",
+        default=[],
+        metavar="[PRODUCT=]USD",
+        help="price per GPU-hour for slo.objective cost-per-token (per GPU product, or any)",
     )
     p.add_argument("--quiet", action="store_true", help="only the final summary")
     return p
@@ -150,6 +158,10 @@ def tune_main(argv: list[str]) -> int:
         spec = load_tuning_spec(args.spec)
     except SpecError as exc:
         return _fail(args.termination_message, "", "invalid spec: " + "; ".join(exc.problems), 2)
+    try:
+        prices = parse_prices(args.gpu_hourly_price)
+    except ValueError as exc:
+        return _fail(args.termination_message, "", str(exc), 2)
     study = args.study_name or f"{args.spec.stem}-{spec_hash(args.spec)}"
     storage = args.storage or f"sqlite:///{(args.out / 'study.db').resolve()}"
     import warnings
@@ -170,6 +182,7 @@ def tune_main(argv: list[str]) -> int:
         quality=not args.no_quality,
         use_gpu=not args.cpu,
         stale_after=args.stale_after,
+        gpu_hourly_prices=prices,
         progress=Progress(args.quiet),
         log=(lambda _msg: None) if args.quiet else (lambda msg: print(msg, flush=True)),
     )

@@ -65,11 +65,13 @@ def _plots(result: TuningResult, out: Path, importance: dict[str, float]) -> lis
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ordered = sorted(result.trials, key=lambda t: t.number)
     ys = [t.objective or 0.0 for t in ordered]
-    best, running = [], 0.0
+    pick = min if result.objective == "cost-per-token" else max  # the cost is minimised
+    best: list[float] = []
+    running: float | None = None
     for t in ordered:
-        if t.feasible:
-            running = max(running, t.objective or 0.0)
-        best.append(running)
+        if t.feasible and t.objective is not None:
+            running = t.objective if running is None else pick(running, t.objective)
+        best.append(math.nan if running is None else running)
     ax.scatter([t.number for t in ordered], ys, c=[color(t) for t in ordered], label="trial")
     ax.step([t.number for t in ordered], best, where="post", label="best feasible")
     ax.set_xlabel("trial")
@@ -108,6 +110,25 @@ def _fmt(v: Any) -> str:
     return "" if v is None else str(v)
 
 
+def _cost_lines(result: TuningResult) -> list[str]:
+    """What the winner's output tokens cost, per million, and under which assumptions."""
+    basis = result.cost_basis()
+    if basis is None or result.best is None:
+        return []
+    tps = result.best.figures.get("outputTokensPerSecond")
+    if not basis.known:
+        hours = basis.gpu_hours_per_million(tps)
+        return [
+            f"**Cost:** GPU price unknown (set spec.hardware.gpuHourlyPrice or the chart's "
+            f"gpuHourlyPrices): {_fmt(hours)} GPU-hours per million output tokens "
+            f"({basis.gpus} GPU).",
+            "",
+        ]
+    lines = [f"**Cost:** ${_fmt(result.cost_per_million(result.best))} per million output tokens "
+             f"({basis.unit}, at {_fmt(tps)} output tokens/s).", ""]  # fmt: skip
+    return lines
+
+
 def markdown(result: TuningResult, plots: list[tuple[str, str]]) -> str:
     lines = [f"# Tuning report: {result.study}", ""]
     lines += [f"**Status: {result.status}** — {result.reason}", ""]
@@ -123,6 +144,7 @@ def markdown(result: TuningResult, plots: list[tuple[str, str]]) -> str:
             margin = b.margins_ms.get(metric) if key.endswith(("P95Ms", "P99Ms", "P50Ms")) else None
             lines.append(f"| {key} | {_fmt(value)} | {_fmt(margin)} |")
         lines.append("")
+        lines += _cost_lines(result)
     if result.binding_constraint:
         lines += [f"**Binding constraint:** {result.binding_constraint}", ""]
     if result.profile_wire:
@@ -152,13 +174,15 @@ def markdown(result: TuningResult, plots: list[tuple[str, str]]) -> str:
                 f"| {q} | {r['top1_agreement']:.3f} | {r['kl_divergence']:.4f} | {r['passed']} |"
             )
         lines.append("")
-    lines += ["## Trials", "", "| # | configuration | outcome | objective | ttft p95 | itl p95 | note |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += ["## Trials", "", "| # | configuration | outcome | objective | ttft p95 | itl p95 | $/1M tokens | note |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    # The cost column covers every measured configuration, the engine's defaults included when
+    # they were among the trials, so the winner's saving over them reads off the table.
     for t in sorted(result.trials, key=lambda t: t.number):
         cfg = " ".join(str(v) for v in t.config.values())
         lines.append(
             f"| {t.number}{'*' if t.seeded else ''} | {cfg} | {t.outcome} | {_fmt(t.objective)} | "
             f"{_fmt(t.figures.get('ttftP95Ms'))} | {_fmt(t.figures.get('itlP95Ms'))} | "
-            f"{(t.reason or '')[:80]} |"
+            f"{_fmt(result.cost_per_million(t))} | {(t.reason or '')[:80]} |"
         )
     lines += ["", "(* seeded from the roofline model)", ""]
     for name, title in plots:

@@ -9,6 +9,8 @@ from typing import Any
 
 from infertune.tuner.api import SLO
 from infertune.tuner.api.base import to_camel
+from infertune.tuner.cost import CostBasis
+from infertune.tuner.gpu_identity import GpuIdentity, from_nvml
 from infertune.tuner.trial import FIGURE_KEYS, HEALTH_KEY
 from infertune.tuner.verdict import figure_key
 
@@ -59,6 +61,20 @@ class TuningResult:
     elapsed_s: float = 0.0
     restarts: int = 0
     importance: dict[str, float] = field(default_factory=dict)
+    cost: dict[str, Any] | None = None  # cost_summary: GPUs, price per GPU-hour, the unit
+
+    def cost_basis(self) -> CostBasis | None:
+        c = self.cost
+        if c is None:
+            return None
+        return CostBasis(int(c.get("gpus") or 1), c.get("gpuHourlyPrice"), c.get("product"))
+
+    def cost_per_million(self, record: TrialRecord | None) -> float | None:
+        """USD per million output tokens of a measured trial (None: no price, no figures)."""
+        basis = self.cost_basis()
+        if basis is None or record is None or not record.figures:
+            return None
+        return basis.per_million(record.figures.get("outputTokensPerSecond"))
 
     @property
     def trials_completed(self) -> int:
@@ -75,6 +91,16 @@ class TuningResult:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+
+def cost_summary(basis: CostBasis) -> dict[str, Any]:
+    """The cost basis as the result records it (JSON)."""
+    return {
+        "gpus": basis.gpus,
+        "gpuHourlyPrice": basis.hourly_price,
+        "product": basis.product,
+        "unit": basis.unit,
+    }
 
 
 def _finite(value: Any) -> Any:
@@ -141,6 +167,15 @@ def _serving(best: TrialRecord) -> dict[str, Any]:
     return out
 
 
+def _gpu(hardware: dict[str, Any]) -> GpuIdentity | None:
+    if hardware.get("kind") != "gpu":
+        return None
+    memory = hardware.get("memory_bytes")
+    return from_nvml(
+        str(hardware.get("product") or ""), memory if isinstance(memory, int) else None
+    )
+
+
 def compact_summary(result: TuningResult) -> dict[str, Any]:
     """The operator's view (camelCase, <= 4096 bytes as JSON): status, best config, profile."""
     out: dict[str, Any] = {
@@ -151,12 +186,16 @@ def compact_summary(result: TuningResult) -> dict[str, Any]:
         "trialsCompleted": result.trials_completed,
         "trialsTotal": result.trials_total,
         "hardware": str(result.hardware.get("product", ""))[:200],
-        "gpuProduct": result.hardware.get("product")
-        if result.hardware.get("kind") == "gpu"
-        else None,
     }
+    gpu = _gpu(result.hardware)
+    # The label form (nvidia.com/gpu.product), as the node and spec.hardware.gpuProducts say it.
+    out["gpuProduct"] = gpu.product if gpu is not None else None
+    out["gpuMemoryMib"] = gpu.memory_mib if gpu is not None else None
     if result.best is not None:
         out["best"] = _serving(result.best)
+        cost = result.cost_per_million(result.best)
+        if cost is not None:
+            out["best"]["costPerMillionTokens"] = round(cost, 6)
     out["bindingConstraint"] = result.binding_constraint
     if result.profile_wire is not None:
         out["profile"] = result.profile_wire

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.cost import CostBasis
 from infertune.tuner.space import Space
 from infertune.tuner.study import (
     DUPLICATE_ATTR,
@@ -34,6 +35,8 @@ from infertune.tuner.study import (
 from infertune.tuner.verdict import figure_key
 
 ReportFn = Callable[[int, float], bool]
+# A minimised objective's value for a trial that produced nothing: finite, for every sampler.
+FAILED_COST = 1e12
 ProgressFn = Callable[[int, int, "Evaluation", float | None], None]
 PlanFn = Callable[[dict[Candidate, dict[str, float]]], Candidate | None]
 
@@ -72,9 +75,19 @@ class Evaluation:
         return self.outcome == "ok" and all(v <= 0 for v in self.constraints(spec))
 
 
-def objective_value(ev: Evaluation, spec: TuningSpec) -> float:
-    """Goodput (requests/s meeting every bound) by default; output tokens/s for throughput and
-    cost-per-token (on a fixed machine, cost per token falls exactly as tokens/s rise)."""
+def minimises(spec: TuningSpec) -> bool:
+    """Whether the study's single objective is minimised (cost) rather than maximised."""
+    return spec.slo.objective == "cost-per-token"
+
+
+def objective_value(ev: Evaluation, spec: TuningSpec, cost: CostBasis | None = None) -> float:
+    """Goodput (requests/s meeting every bound) by default; output tokens/s for throughput
+    (maximised); for cost-per-token, USD per million output tokens (minimised), or GPU-hours per
+    million output tokens when no GPU price is known (:mod:`infertune.tuner.cost`)."""
+    if minimises(spec):
+        if ev.outcome == "failed":
+            return FAILED_COST
+        return min(FAILED_COST, (cost or CostBasis()).objective(ev.figures))
     if ev.outcome == "failed":
         return 0.0
     if spec.slo.objective == "goodput":
@@ -167,6 +180,7 @@ def run_study(
     heartbeat_interval: float = 10.0,
     stale_after: float = GRACE_PERIOD,
     plan_next: PlanFn | None = None,
+    cost: CostBasis | None = None,
 ) -> None:
     """Ask, measure, tell until the budget is spent. `plan_next`, when given, is asked for a
     configuration to enqueue whenever no enqueued trial is waiting (the seed planner: it sees what
@@ -208,7 +222,7 @@ def run_study(
                 ev = evaluate(config, report)
             measured[config] = ev
         _store(trial, ev, spec)
-        values = multi_values(ev) if multi_objective else objective_value(ev, spec)
+        values = multi_values(ev) if multi_objective else objective_value(ev, spec, cost)
         if ev.outcome == "failed":
             # Told as COMPLETE with zero objective and infeasible constraints, not FAIL: the
             # sampler then learns to avoid the region instead of proposing it again.
@@ -221,11 +235,13 @@ def run_study(
 
 
 def best_value(study: optuna.Study, spec: TuningSpec) -> float | None:
-    feasible = [
+    feasible: list[float] = [
         t.values[0]
         for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
         if t.values
         and all(c <= 0 for c in t.user_attrs.get("constraints", [1.0]))
         and t.user_attrs.get(OUTCOME_ATTR) == "ok"
     ]
-    return max(feasible) if feasible else None
+    if not feasible:
+        return None
+    return min(feasible) if minimises(spec) else max(feasible)

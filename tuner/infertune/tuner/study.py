@@ -117,12 +117,19 @@ def params_of(config: Candidate, space: Space) -> dict[str, Any]:
 
 
 def open_study(
-    name: str, storage: str | None, sampler: optuna.samplers.BaseSampler, *, multi_objective: bool
+    name: str,
+    storage: str | None,
+    sampler: optuna.samplers.BaseSampler,
+    *,
+    multi_objective: bool,
+    minimise: bool = False,
 ) -> optuna.Study:
+    """`minimise`: the single objective is a cost (search.minimises), not a rate."""
+    single = StudyDirection.MINIMIZE if minimise else StudyDirection.MAXIMIZE
     directions: list[StudyDirection] = (
         [StudyDirection.MAXIMIZE, StudyDirection.MINIMIZE, StudyDirection.MINIMIZE]
         if multi_objective
-        else [StudyDirection.MAXIMIZE]
+        else [single]
     )
     return optuna.create_study(
         study_name=name,

@@ -3,6 +3,7 @@ study, guard quality, and assemble the result. The CLI (cli.py) only parses flag
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from optuna.trial import TrialState
 from infertune.engine.config import ConfigError, LlamaConfig
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.cost import CostBasis, cost_basis
 from infertune.tuner.hardware import Hardware, discover
 from infertune.tuner.memory_fit import MemoryBudget, prune_by_memory
 from infertune.tuner.model_shape import ModelShape, ShapeError
@@ -23,13 +25,14 @@ from infertune.tuner.modelprofile import ModelProfile
 from infertune.tuner.models import resolve_model
 from infertune.tuner.planning import SeedPlanner, prune_by_roofline
 from infertune.tuner.quality import QualityResult
-from infertune.tuner.result import TrialRecord, TuningResult, binding_constraint
+from infertune.tuner.result import TrialRecord, TuningResult, binding_constraint, cost_summary
 from infertune.tuner.roofline import ceiling_dtypes, floor_step_model
 from infertune.tuner.search import (
     Evaluation,
     ProgressFn,
     ReportFn,
     evaluation_of,
+    minimises,
     run_study,
 )
 from infertune.tuner.space import Space, build_space
@@ -50,6 +53,7 @@ class TuneOptions:
     use_gpu: bool = True
     stale_after: float = 60.0  # seconds without heartbeat before a RUNNING trial is failed
     gpus_per_replica: int | None = None  # None: the GPUs this pod sees (the Job gets a replica's)
+    gpu_hourly_prices: dict[str, float] = field(default_factory=dict)  # product ("*": any) -> USD
     progress: ProgressFn | None = None
     log: Callable[[str], None] = print
     extra: dict[str, Any] = field(default_factory=dict)
@@ -228,7 +232,12 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
         multi_objective=multi,
         startup_trials=startup_trials(SEED_COUNT, max_trials),
     )
-    study = open_study(opts.study_name, opts.storage, sampler, multi_objective=multi)
+    cost = cost_basis(
+        opts.gpu_hourly_prices, hardware.gpu_product, hardware.count if hardware.is_gpu else 1
+    )
+    study = open_study(
+        opts.study_name, opts.storage, sampler, multi_objective=multi, minimise=minimises(spec)
+    )
 
     def plan_next(measured: dict[Candidate, dict[str, float]]) -> Candidate | None:
         if planner is None:
@@ -254,13 +263,14 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
             progress=opts.progress,
             stale_after=opts.stale_after,
             plan_next=plan_next,
+            cost=cost,
         )
     finally:
         runner.close()
-    result = assemble(study, spec, hardware, profile, space, quality, max_trials, multi)
+    result = assemble(study, spec, hardware, profile, space, quality, max_trials, multi, cost)
     result.seeds = [c.to_dict() for c in planner.planned] if planner else []
     result.restarts = runner.restarts
-    result.importance = importance(study)
+    result.importance = importance(study, minimise=minimises(spec))
     result.elapsed_s = time.monotonic() - started
     return result
 
@@ -308,6 +318,7 @@ def assemble(
     quality: QualityCache,
     max_trials: int,
     multi: bool,
+    cost: CostBasis | None = None,
 ) -> TuningResult:
     records = trial_records(study, spec)
     measured = [r for r in records if r.figures]
@@ -329,14 +340,21 @@ def assemble(
     if multi:
         front = [t.number for t in study.best_trials]
         result.pareto = [r for r in records if r.number in front]
+    sign = -1.0 if minimises(spec) else 1.0  # best first: the highest, or the cheapest
+    if cost is not None:
+        result.cost = cost_summary(cost)
+
+    def rank(r: TrialRecord) -> float:
+        return sign * (r.objective if r.objective is not None else -sign * math.inf)
+
     if feasible:
-        best = max(feasible, key=lambda r: (r.objective or 0.0, -(r.peak_memory_bytes or 0)))
+        best = max(feasible, key=lambda r: (rank(r), -(r.peak_memory_bytes or 0)))
         result.best, result.status = best, "succeeded"
         result.reason = (
             f"best of {len(feasible)} feasible configurations out of {len(records)} trials"
         )
     elif measured:
-        closest = min(measured, key=lambda r: (max(r.constraints or [1e9]), -(r.objective or 0)))
+        closest = min(measured, key=lambda r: (max(r.constraints or [1e9]), -rank(r)))
         result.best, result.status = closest, "infeasible"
         result.binding_constraint = binding_constraint(measured, spec.slo)
         result.reason = (
@@ -352,7 +370,7 @@ def assemble(
     return result
 
 
-def importance(study: optuna.Study) -> dict[str, float]:
+def importance(study: optuna.Study, *, minimise: bool = False) -> dict[str, float]:
     """PED-ANOVA importance of each knob for the objective (empty when too few trials vary)."""
     try:
         with warnings.catch_warnings():
@@ -361,8 +379,8 @@ def importance(study: optuna.Study) -> dict[str, float]:
             raw = optuna.importance.get_param_importances(
                 study,
                 # Optuna's default (PED-ANOVA, no scikit-learn needed) ranks knobs by how they
-                # reach *low* targets; the objective is maximised, hence the minus sign.
-                target=lambda t: -t.values[0] if t.values else 0.0,
+                # reach *low* targets; a maximised objective takes the minus sign.
+                target=lambda t: (t.values[0] if minimise else -t.values[0]) if t.values else 0.0,
             )
     except (ValueError, RuntimeError, ZeroDivisionError, ImportError):
         return {}

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from infertune.tuner.api import ApiModel, Duration, TuningSpec
+from infertune.tuner.gpu_identity import product_label
 
 RetuneTrigger = Literal["SLOViolation", "TrafficDrift", "HardwareChanged"]
 # Label keys and values as Kubernetes defines them (qualified name / label value).
@@ -26,9 +27,18 @@ class Hardware(ApiModel):
     node_selector: dict[str, str] = Field(default_factory=dict)
     gpu_products: list[str] = Field(
         default_factory=list,
-        description="Accepted values of the node label nvidia.com/gpu.product (any when empty).",
+        description="Accepted values of the node label nvidia.com/gpu.product (any when empty); "
+        "NVML's spelling (nvidia-smi's 'NVIDIA H100 80GB HBM3') is taken as the label's.",
     )
     gpus_per_replica: int = Field(default=1, ge=0, le=64)
+    gpu_hourly_price: float | None = Field(
+        default=None,
+        ge=0,
+        le=10_000,
+        description="USD per GPU-hour of this service's GPUs, for slo.objective cost-per-token "
+        "(cost = gpusPerReplica x price / (output tokens/s x 3600)); unset: the operator's price "
+        "for the GPU product (chart value gpuHourlyPrices).",
+    )
     tolerations: list[Toleration] = Field(default_factory=list)
     cpu: str = Field(
         default="2", pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="CPU request per pod."
@@ -58,6 +68,7 @@ class Hardware(ApiModel):
     def _products(cls, products: list[str]) -> list[str]:
         import re
 
+        products = [product_label(p) if p.strip() else p for p in products]
         bad = [p for p in products if len(p) > 63 or not re.match(_LABEL_VALUE, p)]
         if bad:
             raise ValueError(

@@ -56,7 +56,23 @@ class TuningRun(ApiModel):
     trials_total: int = 0
     started_at: str | None = None
     finished_at: str | None = None
-    gpu_product: str | None = None
+    gpu_product: str | None = Field(
+        default=None,
+        description="GPU product the result holds for, in the nvidia.com/gpu.product label form "
+        "(NVML's name with dashes for spaces).",
+    )
+    gpu_memory_mib: int | None = Field(
+        default=None, description="Memory of that GPU in MiB (nvidia.com/gpu.memory), if known."
+    )
+    replicas: int | None = Field(
+        default=None,
+        description="Replicas the service's traffic was shared among: the tuner loaded one "
+        "replica with traffic.rate / replicas (replicaRate), so the measured figures of best and "
+        "live are one replica's.",
+    )
+    replica_rate: float | None = Field(
+        default=None, description="Requests/s the tuner loaded its one replica with."
+    )
 
 
 class Figures(ApiModel):
@@ -93,7 +109,16 @@ class ServingConfigBase(ApiModel):
     knob_set: ClassVar[KnobSet] = SERVING_KNOBS
 
     config_hash: str | None = None
-    measured: Figures | None = None
+    measured: Figures | None = Field(
+        default=None,
+        description="What the tuner measured on ONE replica under its share of the traffic "
+        "(status.tuning.replicaRate); requestRate here is per replica.",
+    )
+    cost_per_million_tokens: float | None = Field(
+        default=None,
+        description="USD per million output tokens at the SLO: gpusPerReplica x price per "
+        "GPU-hour / (output tokens/s x 3600) x 1e6; absent when no GPU price is known.",
+    )
     slo_margins_ms: dict[str, float] = Field(
         default_factory=dict,
         description="Bound minus measured, per SLO metric (negative = missed).",

@@ -6,11 +6,12 @@ import hashlib
 from typing import Any
 from urllib.parse import urlparse
 
-from infertune.operator.api import API_VERSION, KIND, InferenceService
 from infertune.operator import engine_runtime
+from infertune.operator.api import API_VERSION, KIND, InferenceService
 from infertune.operator.engine_runtime import PROJECT_IMAGE, EngineRuntime
 from infertune.operator.hashing import digest
 from infertune.operator.settings import OperatorSettings
+from infertune.tuner.gpu_identity import PRODUCT_LABEL
 from infertune.tuner.models import claim_mount, pod_path
 
 Obj = dict[str, Any]
@@ -23,7 +24,7 @@ MANAGED_BY = "infertune-operator"
 ANN_DESIRED = "infertune.dev/desired-hash"
 ANN_CONFIG = "infertune.dev/config-hash"
 ANN_SPEC = "infertune.dev/spec-hash"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_PRODUCT_LABEL = PRODUCT_LABEL
 GPU_RESOURCE = "nvidia.com/gpu"
 
 

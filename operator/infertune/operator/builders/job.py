@@ -54,8 +54,21 @@ class RunPlan(BaseModel):
         return f"{namespace}-{isvc}-{self.run_id}"
 
 
-def pod_tuning_spec(tuning: TuningSpec) -> TuningSpec:
-    """The spec as the pod sees it: a pvc:// or file:// model becomes the path it is mounted at."""
+def replica_share(tuning: TuningSpec, replicas: int) -> TuningSpec:
+    """One replica's share of the service's traffic: `traffic.rate` is the service's total, and a
+    trial loads one replica, so it gets rate / replicas (0 replicas count as 1). A closed-loop
+    `concurrency` is per replica already and is left alone."""
+    rate = tuning.traffic.rate
+    if rate is None or replicas <= 1:
+        return tuning
+    traffic = tuning.traffic.model_copy(update={"rate": round(rate / replicas, 6)})
+    return tuning.model_copy(update={"traffic": traffic})
+
+
+def pod_tuning_spec(tuning: TuningSpec, replicas: int = 1) -> TuningSpec:
+    """The spec as the pod sees it: one replica's share of the traffic (:func:`replica_share`),
+    and a pvc:// or file:// model becomes the path it is mounted at."""
+    tuning = replica_share(tuning, replicas)
     path, vols, _ = model_location(tuning.model.uri)
     if not vols:
         return tuning
@@ -63,6 +76,22 @@ def pod_tuning_spec(tuning: TuningSpec) -> TuningSpec:
         update={"uri": f"file://{path}", "name": tuning.model.served_name}
     )
     return tuning.model_copy(update={"model": model})
+
+
+def gpu_price_args(isvc: InferenceService, settings: OperatorSettings) -> list[str]:
+    """The GPU prices a cost-per-token run ranks by: the spec's own price (any product), else the
+    operator's price per product (the tuner picks the one it runs on)."""
+    if isvc.spec.slo.objective != "cost-per-token":
+        return []
+    own = isvc.spec.hardware.gpu_hourly_price
+    prices = (
+        [f"{own:g}"]
+        if own is not None
+        else [
+            f"{product}={price:g}" for product, price in sorted(settings.gpu_hourly_prices.items())
+        ]
+    )
+    return [arg for price in prices for arg in ("--gpu-hourly-price", price)]
 
 
 def tuner_argv(plan: RunPlan, isvc: InferenceService, settings: OperatorSettings) -> list[str]:
@@ -75,6 +104,7 @@ def tuner_argv(plan: RunPlan, isvc: InferenceService, settings: OperatorSettings
     ]
     if settings.storage_secret_ref is not None:
         argv += ["--storage", "$(INFERTUNE_STORAGE_URL)"]  # expanded by the kubelet
+    argv += gpu_price_args(isvc, settings)
     return [*argv, "--out", OUT_DIR, "--termination-message", TERMINATION_LOG]
 
 

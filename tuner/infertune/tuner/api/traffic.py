@@ -59,8 +59,17 @@ class TrafficProfile(ApiModel):
     """Open loop (`rate` requests/s) or closed loop (`concurrency` in-flight requests)."""
 
     arrival: Arrival = Field(default="poisson", description="Inter-arrival process for `rate`.")
-    rate: float | None = Field(default=None, gt=0, le=1_000_000, description="Requests per second.")
-    concurrency: int | None = Field(default=None, ge=1, le=100_000)
+    rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="Requests per second. In an InferenceService, the service's total: each trial "
+        "loads one replica with rate / rollout.replicas. For `infertune tune` alone, the one "
+        "engine's.",
+    )
+    concurrency: int | None = Field(
+        default=None, ge=1, le=100_000, description="In-flight requests per replica."
+    )
     burstiness: float = Field(
         default=1.0, gt=0, le=1000, description="Gamma shape for arrival=gamma (<1 is burstier)."
     )
