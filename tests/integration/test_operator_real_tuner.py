@@ -135,7 +135,8 @@ def test_real_traffic_drift_retunes_with_the_real_tuner_and_rolls_out_only_a_bet
         budget={"maxTrials": 3, "maxDuration": "5m", "trialTimeout": "2m"},
         hardware={"gpuProducts": ["NVIDIA-A100-SXM4-80GB"], "gpusPerReplica": 0,
                   "cpu": "1", "memory": "2Gi"},
-        retune={"checkInterval": "10s", "violationWindow": "20s", "cooldown": "10m",
+        # The first run starts the cooldown too: 1m has passed by the time it serves.
+        retune={"checkInterval": "10s", "violationWindow": "20s", "cooldown": "1m",
                 "triggers": ["TrafficDrift"]},
     )  # fmt: skip
     apply(cluster, namespace, doc, tmp_path)
