@@ -15,7 +15,14 @@ The rows describe the images the operator deploys by default (settings.DEFAULT_E
 
 The chart deploys the project's tuner-full image for vllm and sglang (USER 65532, the images the
 tuner measured in), and says so in values.yaml: `runtime: {runAsUser: 65532,
-readOnlyRootFilesystem: true}`.
+readOnlyRootFilesystem: true, python: /opt/engines/<engine>/bin/python}`. `python` is the
+interpreter that has the engine in that image: the upstream images have one Python (`python3`),
+tuner-full has one venv per engine (docker/Dockerfile.tuner) and no `python3` that has both.
+
+/dev/shm is a memory-backed emptyDir capped at half the pod's memory (`shm_size_limit`): memory
+pages written there count against the container's limit, so the cap leaves the engine's own
+process the other half; NCCL's intra-node buffers and vLLM's broadcast queue with tensor
+parallelism live there, and the container runtime's default is 64 MiB.
 """
 
 from __future__ import annotations
@@ -49,6 +56,11 @@ class EngineRuntime(BaseModel):
         default=(TMP_DIR, CACHE_DIR), description="Each gets its own emptyDir."
     )
     shm: bool = Field(default=False, description="Shared memory on a memory-backed emptyDir.")
+    python: str = Field(
+        default="python3",
+        min_length=1,
+        description="The image's interpreter that has the engine (`<python> -m <module>`).",
+    )
     env: dict[str, str] = Field(default_factory=dict, description="Cache locations and the like.")
 
     @property
@@ -74,6 +86,10 @@ _TORCH_CACHES = {
 
 # The project's own images (engine, tuner, tuner-full): USER 65532, every write under these paths.
 PROJECT_IMAGE = EngineRuntime(env=dict(_CACHES))
+
+# The tuning pod: the project's tuner image, which starts vLLM and SGLang trials itself, so it
+# needs the engines' /dev/shm as well.
+TUNING_POD = PROJECT_IMAGE.model_copy(update={"shm": True})
 
 ENGINE_RUNTIMES: dict[str, EngineRuntime] = {
     "builtin": PROJECT_IMAGE,
@@ -150,12 +166,39 @@ def _volume_name(path: str) -> str:
     )
 
 
-def writable_dirs(rt: EngineRuntime) -> tuple[list[Any], list[Any], list[Any]]:
-    """emptyDirs for the paths the engine writes; (volumes, mounts, env)."""
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_DECIMAL = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+
+
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (`8Gi`, `512M`, `1.5Gi`, bytes) in bytes."""
+    for suffix, scale in (*_BINARY.items(), *_DECIMAL.items()):
+        if quantity.endswith(suffix):
+            return int(float(quantity[: -len(suffix)]) * scale)
+    return int(float(quantity))
+
+
+def shm_size_limit(memory: str) -> str:
+    """The shared-memory volume's cap for a pod of `memory`: half of it, in MiB (see above)."""
+    return f"{max(64, memory_bytes(memory) // 2 // 2**20)}Mi"
+
+
+def shm_volume(memory: str | None) -> dict[str, Any]:
+    empty_dir: dict[str, Any] = {"medium": "Memory"}
+    if memory:
+        empty_dir["sizeLimit"] = shm_size_limit(memory)
+    return {"name": "dshm", "emptyDir": empty_dir}
+
+
+def writable_dirs(
+    rt: EngineRuntime, memory: str | None = None
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """emptyDirs for the paths the engine writes; (volumes, mounts, env). `memory`: the pod's
+    memory, which sizes /dev/shm."""
     vols: list[Any] = [{"name": _volume_name(p), "emptyDir": {}} for p in rt.writable_paths]
     mounts: list[Any] = [{"name": _volume_name(p), "mountPath": p} for p in rt.writable_paths]
     if rt.shm:
-        vols.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        vols.append(shm_volume(memory))
         mounts.append({"name": "dshm", "mountPath": SHM_DIR})
     env = [{"name": "HOME", "value": rt.home}]
     env += [{"name": k, "value": v} for k, v in sorted(rt.env.items())]

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-# The engines' metric families (vLLM's names; the builtin engine exposes the same ones).
+# The engines' metric families, named by vLLM's names (the built-in engine exposes the same ones);
+# OTHER_NAMES below is the one table of what other engines and older versions call each of them.
 TTFT = "vllm:time_to_first_token_seconds"
 # Inter-token latency, one observation per gap between consecutive tokens (the SLO's `itl`
 # percentile reads it). vLLM before 0.10 called the same histogram time_per_output_token (deprecated
@@ -21,8 +22,24 @@ E2E = "vllm:e2e_request_latency_seconds"
 PROMPT = "vllm:request_prompt_tokens"
 OUTPUT = "vllm:request_generation_tokens"
 FAMILIES = (TTFT, ITL, REQUEST_TPOT, E2E, PROMPT, OUTPUT)
-# Older names of a family, read when an engine exports only those.
-OLDER_NAMES: dict[str, tuple[str, ...]] = {ITL: (ITL_DEPRECATED,)}
+# SGLang's names for the same histograms, exported only when the server runs with --enable-metrics
+# (read in sglang 0.5.23's sglang/srt/observability/metrics_collector.py, TokenizerMetricsCollector:
+# time_to_first_token_seconds, inter_token_latency_seconds (one per gap),
+# request_time_per_output_token_seconds (one per request), e2e_request_latency_seconds,
+# prompt_tokens_histogram and generation_tokens_histogram, all observed per finished request).
+SGLANG_NAMES = {
+    TTFT: "sglang:time_to_first_token_seconds",
+    ITL: "sglang:inter_token_latency_seconds",
+    REQUEST_TPOT: "sglang:request_time_per_output_token_seconds",
+    E2E: "sglang:e2e_request_latency_seconds",
+    PROMPT: "sglang:prompt_tokens_histogram",
+    OUTPUT: "sglang:generation_tokens_histogram",
+}
+# Every other name of a family, in order of preference after its own: a family is read under the
+# first name an engine exports (an engine exporting two names counts each observation in both).
+OTHER_NAMES: dict[str, tuple[str, ...]] = {
+    name: ((ITL_DEPRECATED,) if name == ITL else ()) + (SGLANG_NAMES[name],) for name in FAMILIES
+}
 
 
 @dataclass
@@ -90,7 +107,7 @@ class Histogram:
 
 def parse_exposition(text: str, families: tuple[str, ...] = FAMILIES) -> dict[str, Histogram]:
     """The named histogram families from a /metrics text, each summed over its label sets."""
-    older = {old: name for name in families for old in OLDER_NAMES.get(name, ())}
+    older = {old: name for name in families for old in OTHER_NAMES.get(name, ())}
     out: dict[str, Histogram] = {}
     for family in text_string_to_metric_families(text):
         if (family.name not in families and family.name not in older) or family.type != "histogram":
@@ -105,7 +122,7 @@ def parse_exposition(text: str, families: tuple[str, ...] = FAMILIES) -> dict[st
             elif sample.name.endswith("_count"):
                 hist.count += float(sample.value)
     for old, name in older.items():
-        # An engine exporting both names counts each gap in both: read the current one only.
+        # An engine exporting two names counts each observation in both: read the first only.
         if old in out:
             found = out.pop(old)
             out.setdefault(name, found)

@@ -18,7 +18,7 @@ from infertune.operator.histograms import (
     E2E,
     FAMILIES,
     ITL,
-    OLDER_NAMES,
+    OTHER_NAMES,
     OUTPUT,
     PROMPT,
     REQUEST_TPOT,
@@ -240,8 +240,9 @@ class PrometheusSource:
         hists: dict[str, Histogram] = {}
         async with aiohttp.ClientSession() as session:
             for family in FAMILIES:
-                # An engine that exports only a family's older name is read under that name.
-                for name in (family, *OLDER_NAMES.get(family, ())):
+                # An engine that exports a family under another name (an older vLLM's, SGLang's)
+                # is read under that name.
+                for name in (family, *OTHER_NAMES.get(family, ())):
                     rows = await self._query(
                         session, promql_bucket_query(name, namespace, pod_regex, span)
                     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from infertune.operator.histograms import E2E, ITL, OUTPUT, PROMPT, REQUEST_TPOT, TTFT
@@ -14,19 +16,26 @@ class FakeEngine:
     """An engine's metrics the way vLLM (and the builtin engine) expose them."""
 
     def __init__(
-        self, itl_names: tuple[str, ...] = (ITL,), buckets: tuple[float, ...] = BUCKETS
+        self,
+        itl_names: tuple[str, ...] = (ITL,),
+        buckets: tuple[float, ...] = BUCKETS,
+        names: Mapping[str, str] | None = None,
     ) -> None:
+        """`names`: family -> the name this engine exports it under (e.g. SGLANG_NAMES)."""
         self.registry = CollectorRegistry()
         labels = ["model_name"]
-        self.ttft = Histogram(TTFT, "ttft", labels, buckets=buckets, registry=self.registry)
-        self.itls = [
-            Histogram(name, "itl", labels, buckets=buckets, registry=self.registry)
-            for name in itl_names
-        ]
-        self.tpot = Histogram(REQUEST_TPOT, "tpot", labels, buckets=buckets, registry=self.registry)
-        self.e2e = Histogram(E2E, "e2e", labels, buckets=buckets, registry=self.registry)
-        self.prompt = Histogram(PROMPT, "prompt", labels, buckets=TOKENS, registry=self.registry)
-        self.output = Histogram(OUTPUT, "output", labels, buckets=TOKENS, registry=self.registry)
+        rename = dict(names or {})
+
+        def hist(family: str, doc: str, bounds: tuple[float, ...]) -> Histogram:
+            name = rename.get(family, family)
+            return Histogram(name, doc, labels, buckets=bounds, registry=self.registry)
+
+        self.ttft = hist(TTFT, "ttft", buckets)
+        self.itls = [hist(name, "itl", buckets) for name in itl_names]
+        self.tpot = hist(REQUEST_TPOT, "tpot", buckets)
+        self.e2e = hist(E2E, "e2e", buckets)
+        self.prompt = hist(PROMPT, "prompt", TOKENS)
+        self.output = hist(OUTPUT, "output", TOKENS)
 
     def request(self, ttft: float, itl: float | list[float], prompt: int, output: int) -> None:
         gaps = itl if isinstance(itl, list) else [itl] * (output - 1)

@@ -13,9 +13,11 @@ from fake_engine_metrics import FakeEngine
 
 from infertune.operator.histograms import (
     E2E,
+    FAMILIES,
     ITL,
     ITL_DEPRECATED,
     PROMPT,
+    SGLANG_NAMES,
     TTFT,
     parse_exposition,
 )
@@ -216,3 +218,64 @@ def test_an_engine_with_the_deprecated_itl_name_is_read_and_one_with_both_is_not
     assert parse_exposition(old.text())[ITL].count == 100
     hists = parse_exposition(both.text())
     assert hists[ITL].count == 100 and ITL_DEPRECATED not in hists
+
+
+def test_an_sglang_server_gets_the_same_figures_as_vllm_for_the_same_traffic() -> None:
+    """SGLang (--enable-metrics) exports the same histograms as sglang:*; the live check reads them
+    as the same families, so a SGLang Deployment gets SLO verdicts, goodput and drift too."""
+    vllm, sglang = FakeEngine(), FakeEngine(itl_names=(SGLANG_NAMES[ITL],), names=SGLANG_NAMES)
+    windows = []
+    for engine in (vllm, sglang):
+        start = parse_exposition(engine.text())
+        rng = random.Random(3)
+        for _ in range(100):
+            engine.request(
+                ttft=rng.uniform(0.05, 0.3), itl=0.02, prompt=rng.randint(64, 128), output=16
+            )
+        end = parse_exposition(engine.text())
+        assert set(end) == set(FAMILIES)
+        windows.append(Window(seconds=10.0, hists={n: end[n].minus(start[n]) for n in end}))
+    slo = SLO.model_validate({"ttft": {"max": "150ms"}, "itl": {"max": "50ms"}})
+    assert "sglang:time_to_first_token_seconds_bucket" in sglang.text()
+    assert "vllm:" not in sglang.text()
+    from_vllm, from_sglang = (summarise(w, slo) for w in windows)
+    assert from_sglang == from_vllm
+    assert from_sglang.figures.goodput_rps is not None and from_sglang.prompt_p95 is not None
+
+
+def test_prometheus_reads_a_family_under_sglangs_name_when_vllms_is_absent() -> None:
+    engine = FakeEngine(itl_names=(SGLANG_NAMES[ITL],), names=SGLANG_NAMES)
+    for _ in range(10):
+        engine.request(ttft=0.1, itl=0.02, prompt=40, output=11)
+    exported = parse_exposition(engine.text())
+    asked: list[str] = []
+
+    async def scenario() -> Window:
+        app = web.Application()
+
+        async def query(request: web.Request) -> web.Response:
+            promql = request.query["query"]
+            asked.append(promql)
+            rows: list[dict[str, Any]] = []
+            for family, name in SGLANG_NAMES.items():
+                hist = exported[family]
+                if f"({name}_bucket" in promql:
+                    rows = [
+                        {"metric": {"le": str(le)}, "value": [0, str(n)]}
+                        for le, n in hist.buckets.items()
+                    ]
+                elif f"({name}_sum" in promql:
+                    rows = [{"metric": {}, "value": [0, str(hist.sum)]}]
+            return web.json_response({"status": "success", "data": {"result": rows}})
+
+        app.router.add_get("/api/v1/query", query)
+        runner, port = await _serve(app)
+        window = await PrometheusSource(f"http://127.0.0.1:{port}", timeout_s=2).window(
+            "ns", "x-.*", 30
+        )
+        await runner.cleanup()
+        return window
+
+    window = asyncio.run(scenario())
+    assert window.requests == 10 and window.hists[ITL].count == 100
+    assert any("sglang:inter_token_latency_seconds_bucket" in q for q in asked)

@@ -85,9 +85,12 @@ def container_security_context(rt: EngineRuntime = PROJECT_IMAGE) -> Obj:
     return engine_runtime.container_security_context(rt)
 
 
-def writable_dirs(rt: EngineRuntime = PROJECT_IMAGE) -> tuple[list[Obj], list[Obj], list[Obj]]:
-    """emptyDirs for /tmp and caches (the root filesystem is read-only); volumes, mounts, env."""
-    return engine_runtime.writable_dirs(rt)
+def writable_dirs(
+    rt: EngineRuntime = PROJECT_IMAGE, memory: str | None = None
+) -> tuple[list[Obj], list[Obj], list[Obj]]:
+    """emptyDirs for /tmp and caches (the root filesystem is read-only); volumes, mounts, env.
+    `memory` (the pod's) sizes /dev/shm where the runtime has one."""
+    return engine_runtime.writable_dirs(rt, memory)
 
 
 def pull_secrets(isvc: InferenceService, settings: OperatorSettings) -> Obj:

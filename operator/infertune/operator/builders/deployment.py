@@ -46,16 +46,25 @@ def serving_argv(
     flags = get_adapter(knobs.engine).flags(
         knobs, model, HOST, settings.serving_port, served_model_name=isvc.spec.model.served_name
     )
-    entry = settings.infertune_command if knobs.engine == "builtin" else IMAGE_ENTRY[knobs.engine]
-    return [*entry, *flags]
+    return [*image_entry(knobs.engine, settings), *flags]
 
 
-# How the engines' own images start their servers.
-IMAGE_ENTRY: dict[str, tuple[str, ...]] = {
-    "vllm": ("python3", "-m", "vllm.entrypoints.openai.api_server"),
-    "sglang": ("python3", "-m", "sglang.launch_server"),
-    "llamacpp": ("/app/llama-server",),
+# How the engines' images start their servers: a module run by the image's interpreter that has
+# the engine (the runtime row's `python`: `python3` in the upstream images, the engine's own venv
+# in tuner-full, where no single `python3` has both vLLM and SGLang), or a binary.
+IMAGE_MODULE: dict[str, str] = {
+    "vllm": "vllm.entrypoints.openai.api_server",
+    "sglang": "sglang.launch_server",
 }
+IMAGE_BINARY: dict[str, tuple[str, ...]] = {"llamacpp": ("/app/llama-server",)}
+
+
+def image_entry(engine: str, settings: OperatorSettings) -> tuple[str, ...]:
+    if engine == "builtin":
+        return tuple(settings.infertune_command)
+    if engine in IMAGE_MODULE:
+        return (settings.runtime_for(engine).python, "-m", IMAGE_MODULE[engine])
+    return IMAGE_BINARY[engine]
 
 
 GGUF_DIR = "/gguf"
@@ -136,7 +145,7 @@ def desired_deployment(
     selector = {LABEL_ISVC: isvc.name[:63], LABEL_TRACK: track}
     _, model_vols, model_mounts = model_location(isvc.spec.model.uri)
     runtime = settings.runtime_for(config.candidate().engine)
-    tmp_vols, tmp_mounts, tmp_env = writable_dirs(runtime)
+    tmp_vols, tmp_mounts, tmp_env = writable_dirs(runtime, isvc.spec.hardware.memory)
     port = settings.serving_port
     probe_http = {"path": "/health", "port": "http"}
     container: Obj = {

@@ -21,6 +21,7 @@ from infertune.operator.builders.common import (
     writable_dirs,
 )
 from infertune.operator.builders.configmap import SPEC_KEY
+from infertune.operator.engine_runtime import TUNING_POD
 from infertune.operator.settings import OperatorSettings
 from infertune.tuner.api import TuningSpec
 
@@ -118,7 +119,7 @@ def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSetting
     meta = metadata(isvc, name, "tuning", **{LABEL_RUN: plan.run_id, LABEL_REASON: plan.reason})
     meta["annotations"][ANN_SPEC] = plan.spec_hash
     _, model_vols, model_mounts = model_location(isvc.spec.model.uri)
-    tmp_vols, tmp_mounts, tmp_env = writable_dirs()
+    tmp_vols, tmp_mounts, tmp_env = writable_dirs(TUNING_POD, isvc.spec.hardware.memory)
     env: list[Obj] = [*tmp_env, {"name": "PYTHONUNBUFFERED", "value": "1"}]
     ref = settings.storage_secret_ref
     if ref is not None:
