@@ -1,4 +1,6 @@
-"""One engine server process: start from an adapter's argv, wait for health, sample memory, stop.
+"""One engine server process: start from an adapter's argv, wait for health, sample memory, stop;
+and :func:`in_child`, which runs the tuner's own GPU work (ceilings, profiling, quality) in a
+child process that exits before any engine starts.
 
 Only this module (and the llama.cpp converter) starts subprocesses. Failures become a
 :class:`TrialError` whose `kind` (crash, oom, timeout, unsupported) the study records.
@@ -15,11 +17,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines.base import EngineAdapter, Launch
 from infertune.tuner.hardware import Hardware
+
+T = TypeVar("T")
+ISOLATE_ENV = "INFERTUNE_ISOLATE_GPU_WORK"  # "1": in a child even on CPU; "0": never
 
 FAILURE_KINDS = ("crash", "oom", "timeout", "unsupported", "error")
 _OOM_MARKERS = ("out of memory", "outofmemoryerror", "cannot allocate memory", "std::bad_alloc")
@@ -31,6 +38,27 @@ class TrialError(Exception):
         self.kind = kind
         self.message = message
         super().__init__(f"{kind}: {message}")
+
+
+def isolate_gpu_work(is_gpu: bool) -> bool:
+    """Whether the tuner's own torch work runs in a child: on a GPU (``$INFERTUNE_ISOLATE_GPU_WORK``
+    overrides either way; tests force it on CPU)."""
+    forced = os.environ.get(ISOLATE_ENV)
+    return forced == "1" if forced in ("0", "1") else is_gpu
+
+
+def in_child(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """`fn(*args, **kwargs)` in a fresh (spawned, never forked) process that has exited when this
+    returns: the CUDA context and PyTorch's cached blocks it held go back to the device. vLLM
+    refuses to start when free memory is below its gpu_memory_utilization, so the tuner process
+    must hold none while trials run. `fn` and its arguments and result must pickle; an exception
+    in the child is raised here."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(fn, *args, **kwargs).result()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -82,6 +110,9 @@ class EngineProcess:
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
         self.peak_bytes = 0
+        # Per-device used GPU memory before the engine started, and the engine's peak above it.
+        self.gpu_baseline: list[int] | None = None
+        self.gpu_peak: list[int] = []
 
     @property
     def url(self) -> str:
@@ -97,6 +128,8 @@ class EngineProcess:
         """Start and wait for health; the start-up time in seconds, or raise TrialError."""
         argv = local_argv(self.launch.argv)
         env = {**os.environ, **self.launch.env}
+        if self.hardware.is_gpu:
+            self.gpu_baseline = gpu_used_per_device()
         started = time.monotonic()
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
@@ -139,10 +172,19 @@ class EngineProcess:
         )
 
     def sample_memory(self) -> int:
-        """Peak memory so far: GPU memory of the process (NVML) or the resident set's high-water mark."""
+        """Peak memory so far: on a GPU, each device's used memory (NVML) above what it used before
+        the engine started, summed over devices; else the resident set's high-water mark.
+
+        Per device, not per process: inside a container NVML reports host PIDs (or none), which
+        never match the engine's, so matching processes measured nothing."""
         if self.proc is None:
             return self.peak_bytes
-        now = gpu_memory(self.proc.pid) if self.hardware.is_gpu else None
+        now: int | None = None
+        if self.gpu_baseline is not None:
+            used = gpu_used_per_device()
+            if used is not None:
+                self.gpu_peak = peak_above(self.gpu_peak, used, self.gpu_baseline)
+                now = sum(self.gpu_peak)
         if now is None:
             now = rss_high_water(self.proc.pid)
         self.peak_bytes = max(self.peak_bytes, now or 0)
@@ -186,7 +228,11 @@ def rss_high_water(pid: int) -> int | None:
     return total or None
 
 
-def gpu_memory(pid: int) -> int | None:
+def gpu_used_per_device() -> list[int] | None:
+    """Used memory of each GPU NVML sees, in bytes (None where NVML is not available).
+
+    Every device of the pod: the device plugin gives a container only its GPUs, and a trial's
+    engine (with tensor parallelism, several workers) may use any of them."""
     try:
         import pynvml
 
@@ -194,18 +240,21 @@ def gpu_memory(pid: int) -> int | None:
     except Exception:  # any NVML problem means "not measurable here"; RSS is the fallback
         return None
     try:
-        pids = set(_tree(pid))
-        used = 0
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                if proc.pid in pids and proc.usedGpuMemory:
-                    used += int(proc.usedGpuMemory)
-        return used or None
+        return [
+            int(pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i)).used)
+            for i in range(pynvml.nvmlDeviceGetCount())
+        ]
     except pynvml.NVMLError:
         return None
     finally:
         pynvml.nvmlShutdown()
+
+
+def peak_above(peak: list[int], used: list[int], baseline: list[int]) -> list[int]:
+    """Each device's highest use above its baseline so far (a device that came or went counts
+    from zero)."""
+    above = [max(0, u - (baseline[i] if i < len(baseline) else 0)) for i, u in enumerate(used)]
+    return [max(a, peak[i] if i < len(peak) else 0) for i, a in enumerate(above)]
 
 
 class HealthWatch:

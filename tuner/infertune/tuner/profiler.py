@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from infertune.engine.config import LlamaConfig
 from infertune.engine.runner import ModelRunner, StepInput
+from infertune.tuner.hardware import Hardware
 from infertune.tuner.model_shape import ModelShape
 from infertune.tuner.modelprofile import ModelProfile, PhaseResult, PrecisionProfile
 from infertune.tuner.roofline import (
@@ -300,3 +301,31 @@ def profile_model(
     if reference not in out.precisions and out.precisions:
         out.reference = next(iter(out.precisions))
     return out
+
+
+def measure_all(
+    hardware: Hardware,
+    dtypes: Iterable[str],
+    model_dir: Path | None,
+    quantizations: list[str],
+    *,
+    prompt_tokens: int,
+    batch: int,
+    reference: str,
+) -> tuple[Ceilings, ModelProfile]:
+    """The ceilings and, with `model_dir`, the built-in engine's profile: every GPU allocation of
+    the tuner's own, in one call that tune.py runs in a child process (process.in_child)."""
+    from infertune.tuner.ceilings import load_or_measure
+
+    ceilings = load_or_measure(hardware, dtypes)
+    if model_dir is None:
+        return ceilings, ModelProfile(ceilings.hardware, ceilings, reference)
+    profile = profile_model(
+        model_dir,
+        quantizations,
+        ceilings,
+        prompt_tokens=prompt_tokens,
+        batch=batch,
+        reference=reference,
+    )
+    return ceilings, profile

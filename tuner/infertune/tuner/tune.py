@@ -3,6 +3,7 @@ study, guard quality, and assemble the result. The CLI (cli.py) only parses flag
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 import warnings
@@ -24,6 +25,7 @@ from infertune.tuner.model_shape import ModelShape, ShapeError
 from infertune.tuner.modelprofile import ModelProfile
 from infertune.tuner.models import resolve_model
 from infertune.tuner.planning import SeedPlanner, prune_by_roofline
+from infertune.tuner.process import in_child, isolate_gpu_work
 from infertune.tuner.quality import QualityResult
 from infertune.tuner.result import TrialRecord, TuningResult, binding_constraint, cost_summary
 from infertune.tuner.roofline import ceiling_dtypes, floor_step_model
@@ -60,14 +62,29 @@ class TuneOptions:
 
 
 class QualityCache:
-    """Quality per precision, measured once (all precisions at once: one reference run)."""
+    """Quality per precision, measured once (all precisions at once: one reference run). With
+    `isolate` (a GPU) it runs in a child process, before the study (`prepare`): no engine is up."""
 
-    def __init__(self, spec: TuningSpec, model_dir: Path, device: str, quants: list[str]) -> None:
+    def __init__(
+        self,
+        spec: TuningSpec,
+        model_dir: Path,
+        device: str,
+        quants: list[str],
+        *,
+        isolate: bool = False,
+    ) -> None:
         self.spec = spec
         self.model_dir = model_dir
         self.device = device
         self.quants = quants
+        self.isolate = isolate
         self.results: dict[str, QualityResult] = {}
+
+    def prepare(self) -> None:
+        guard = self.spec.quality
+        if guard.enabled and any(q != guard.reference for q in self.quants):
+            self.get(next(q for q in self.quants if q != guard.reference))
 
     def get(self, quantization: str) -> QualityResult | None:
         guard = self.spec.quality
@@ -76,7 +93,8 @@ class QualityCache:
         if not self.results:
             from infertune.tuner.quality import compare
 
-            self.results = compare(self.model_dir, guard.reference, self.quants, guard, self.device)
+            args = (self.model_dir, guard.reference, self.quants, guard, self.device)
+            self.results = in_child(compare, *args) if self.isolate else compare(*args)
         return self.results.get(quantization)
 
 
@@ -163,32 +181,32 @@ def profile_and_plan(
     searched, roofline pruning, and the planner of the seeds."""
     if not opts.profile:
         return None, None
-    from infertune.tuner.ceilings import load_or_measure
+    from infertune.tuner.profiler import measure_all
 
     shape = analysis.shape if analysis else None
     quants = sorted({q for e in space.engines.values() for q in e.quantizations})
-    dtypes = ceiling_dtypes(quants)
-    opts.log(f"measuring ceilings on {hardware.describe()} (cached per machine)")
-    ceilings = load_or_measure(hardware, dtypes)
+    prompt = max(1, round(spec.traffic.prompt_tokens.expected))
+    batch = min(max(max(e.max_num_seqs) for e in space.engines.values()), 16)
+    builtin = "builtin" in space.engines
+    isolate = isolate_gpu_work(hardware.is_gpu)
+    opts.log(
+        f"measuring ceilings on {hardware.describe()} (cached per machine)"
+        + (
+            f", profiling prefill ({prompt} tokens) and decode (batch 1, {batch})"
+            if builtin
+            else ""
+        )
+        + (" in a child process that frees the GPU before any engine starts" if isolate else "")
+    )
+    measure = functools.partial(
+        measure_all, hardware, ceiling_dtypes(quants), model_dir if builtin else None, quants,
+        prompt_tokens=prompt, batch=batch, reference=spec.quality.reference,
+    )  # fmt: skip
+    ceilings, profile = in_child(measure) if isolate else measure()
     opts.log(
         f"  memory bandwidth {ceilings.memory_bandwidth_gbps:.1f} GB/s, peak "
         + ", ".join(f"{d} {f / 1e9:.1f} GFLOP/s" for d, f in sorted(ceilings.peak_flops.items()))
     )
-    prompt = max(1, round(spec.traffic.prompt_tokens.expected))
-    profile = ModelProfile(ceilings.hardware, ceilings, spec.quality.reference)
-    if "builtin" in space.engines:
-        from infertune.tuner.profiler import profile_model
-
-        batch = min(max(max(e.max_num_seqs) for e in space.engines.values()), 16)
-        opts.log(f"profiling prefill ({prompt} tokens) and decode (batch 1, {batch}) per precision")
-        profile = profile_model(
-            model_dir,
-            quants,
-            ceilings,
-            prompt_tokens=prompt,
-            batch=batch,
-            reference=spec.quality.reference,
-        )
     # Seam: calibration of the engines under test through their own API (TTFT at a few prompt
     # lengths, ITL at a few batch sizes) fills profile.precisions here; until then a precision
     # the built-in engine did not measure is planned from its floors (profile.analytic).
@@ -249,7 +267,10 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
         return planned
 
     quants = sorted({q for e in space.engines.values() for q in e.quantizations})
-    quality = QualityCache(spec, model_dir, hardware.device, quants)
+    isolate = isolate_gpu_work(hardware.is_gpu)
+    quality = QualityCache(spec, model_dir, hardware.device, quants, isolate=isolate)
+    if isolate:
+        quality.prepare()  # in a child that has exited before the first engine starts
     runner = TrialRunner(spec, model_dir, opts.out / "work", hardware, seed=seed or 0)
     try:
         run_study(
