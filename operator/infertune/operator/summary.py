@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infertune.operator.api import Figures, Profile, ServingConfig
-from infertune.operator.api.status import PhaseProfile
+from infertune.operator.api.status import EngineRecord, PhaseProfile
 from infertune.tuner.api.base import to_camel
 from infertune.tuner.candidate import Candidate
 
@@ -35,6 +35,7 @@ class SummaryBest(_Camel):
     startup_s: float | None = Field(default=None, alias="startupS")
     health_latency_ms: float | None = Field(default=None, alias="healthLatencyMs")
     cost_per_million_tokens: float | None = Field(default=None, alias="costPerMillionTokens")
+    engine_options: EngineRecord | None = Field(default=None, alias="engineOptions")
 
     @model_validator(mode="after")
     def _knobs_complete(self) -> SummaryBest:
@@ -72,6 +73,7 @@ class Summary(_Camel):
             startup_s=b.startup_s,
             health_latency_ms=b.health_latency_ms,
             cost_per_million_tokens=b.cost_per_million_tokens,
+            engine_options=b.engine_options,
         )
 
     def status_profile(self) -> Profile | None:

@@ -62,7 +62,8 @@ def test_the_status_model_and_its_schema_have_the_new_knob() -> None:
     assert status.candidate() == config(gpu_memory_utilization_pct=80)
     schema = model.model_json_schema(by_alias=True)["properties"]
     assert schema["gpuMemoryUtilizationPct"]["description"] == GPU_SHARE.description
-    assert list(schema)[:7][-1] == "gpuMemoryUtilizationPct"  # knobs first, in declared order
+    # Knobs first, in declared order; the test's knob after the declared ones.
+    assert list(schema)[len(SERVING_KNOBS)] == "gpuMemoryUtilizationPct"
 
 
 def test_the_summary_and_the_report_show_the_new_knob(tmp_path: Path) -> None:
@@ -85,7 +86,8 @@ def test_the_summary_and_the_report_show_the_new_knob(tmp_path: Path) -> None:
 
 def test_an_adapter_maps_the_new_knob_with_one_line_and_refuses_to_drop_it_silently() -> None:
     argv = VllmWithShare().flags(config(gpu_memory_utilization_pct=80), "/m", "127.0.0.1", 8000)
-    assert argv[argv.index("--gpu-memory-utilization") + 1] == "0.8"
+    # The extension's flag comes after the declared knob's (argparse: the last one wins).
+    assert argv[len(argv) - 1 - argv[::-1].index("--gpu-memory-utilization") + 1] == "0.8"
     with pytest.raises(AdapterError, match="honours knob 'gpu_memory_utilization_pct'"):
         VllmAdapter().flags(config(), "/m", "127.0.0.1", 8000)
 

@@ -65,7 +65,7 @@ def test_vllm_flags() -> None:
     fp8 = v.command(cfg("vllm", "fp8", graph=True), "/m", "h", 1)
     assert flag(fp8, "--quantization") == "fp8"
     assert "--enforce-eager" not in fp8
-    sizes = fp8[fp8.index("--cuda-graph-sizes") + 1 :]
+    sizes = fp8[fp8.index("--cudagraph-capture-sizes") + 1 :]
     assert sizes and max(int(s) for s in sizes if s.isdigit()) <= 16
     with pytest.raises(AdapterError, match="maxNumBatchedTokens"):
         v.command(Candidate("vllm", "bf16", 64, 32, 16, False), "/m", "h", 1)

@@ -76,7 +76,10 @@ def test_vllm_interpreter_comes_from_configuration(monkeypatch: pytest.MonkeyPat
     assert vllm.PYTHON_ENV in (adapter.missing() or "")
     argv = adapter.command(Candidate("vllm", "fp32", 8, 512, 32, False), "/m", "127.0.0.1", 1)
     assert argv[:3] == [sys.executable, "-m", vllm.MODULE]
-    assert argv[argv.index("--max-model-len") + 1] == str(vllm.MAX_MODEL_LEN)
+    assert "--max-model-len" not in argv  # no hard-coded context: the max_model_len knob says it
+    longer = Candidate("vllm", "fp32", 8, 512, 32, False, max_model_len=4096)
+    argv = adapter.command(longer, "/m", "127.0.0.1", 1)
+    assert argv[argv.index("--max-model-len") + 1] == "4096"
     assert adapter.env(Candidate("vllm", "fp32", 8, 512, 32, False))[vllm.KVCACHE_ENV]
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from infertune.tuner.api.base import ENGINES, to_camel
 
-KnobValue = str | int | bool
+KnobValue = str | int | float | bool
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class Knob:
     """
 
     name: str
-    type: type[str] | type[int] | type[bool]
+    type: type[str] | type[int] | type[float] | type[bool]
     description: str
     engines: frozenset[str]
     short: Callable[[Any], str]
@@ -110,7 +110,12 @@ class KnobSet:
 
     def describe(self, values: Mapping[str, Any]) -> str:
         """One line a person reads: ``vllm/bf16 seqs=32 tokens=2048 block=16 graph``."""
-        parts = [k.short(values[k.name]) for k in self._knobs if k.name in values]
+        # A knob added later is named only when it differs from its default (the label stays short).
+        parts = [
+            k.short(values[k.name])
+            for k in self._knobs
+            if k.name in values and (k.default is None or values[k.name] != k.default)
+        ]
         head = "/".join(parts[:2])  # the engine and the precision read as one word
         return " ".join([head, *parts[2:]]) if head else ""
 
@@ -119,7 +124,13 @@ def _is(name: str) -> Callable[[Any], str]:
     return lambda value: f"{name}={value}"
 
 
+def _on(word: str) -> Callable[[Any], str]:
+    return lambda on: word if on else f"no-{word}"
+
+
 ALL_ENGINES = frozenset(ENGINES)
+# The GPU servers: the knobs below exist on them only (the built-in engine and llama.cpp take none).
+SERVERS = frozenset({"vllm", "sglang"})
 
 SERVING_KNOBS = KnobSet(
     [
@@ -165,6 +176,58 @@ SERVING_KNOBS = KnobSet(
             "Replay decode steps as CUDA Graphs (GPU only).",
             engines=ALL_ENGINES,
             short=lambda on: "graph" if on else "eager",
+        ),
+        # Added later: each has a default, so configurations recorded before still read, and a
+        # spec that leaves it out searches one value (the default). Each is pinned in the argv.
+        Knob(
+            "tensor_parallel_size",
+            int,
+            "GPUs one replica's engine shards the model over (hardware.gpusPerReplica).",
+            engines=SERVERS,
+            short=_is("tp"),
+            default=1,
+        ),
+        Knob(
+            "kv_cache_dtype",
+            str,
+            "KV-cache element type: auto (the model's dtype) or fp8.",
+            engines=SERVERS,
+            short=_is("kv"),
+            default="auto",
+        ),
+        Knob(
+            "gpu_memory_fraction",
+            float,
+            "Fraction of GPU memory the engine may take for weights and KV cache "
+            "(vLLM --gpu-memory-utilization, SGLang --mem-fraction-static).",
+            engines=SERVERS,
+            short=_is("mem"),
+            default=0.9,
+        ),
+        Knob(
+            "prefix_caching",
+            bool,
+            "Reuse the KV cache of shared prompt prefixes (SGLang's radix cache).",
+            engines=SERVERS,
+            short=_on("prefix"),
+            default=True,
+        ),
+        Knob(
+            "chunked_prefill",
+            bool,
+            "Split long prompts into chunks of maxNumBatchedTokens mixed with decode steps.",
+            engines=SERVERS,
+            short=_on("chunked"),
+            default=True,
+        ),
+        Knob(
+            "max_model_len",
+            int,
+            "Longest sequence (prompt + output) the engine admits: model.maxModelLen; "
+            "0 leaves it to the model's config.",
+            engines=SERVERS,
+            short=_is("len"),
+            default=0,
         ),
     ]
 )

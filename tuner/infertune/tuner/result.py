@@ -193,6 +193,11 @@ def compact_summary(result: TuningResult) -> dict[str, Any]:
     out["gpuMemoryMib"] = gpu.memory_mib if gpu is not None else None
     if result.best is not None:
         out["best"] = _serving(result.best)
+        # The engine version measured and its version-dependent flags: the operator renders the
+        # Deployment's argv for them (engines/options.py).
+        engine = (result.space or {}).get("engines", {}).get(result.best.config.get("engine"))
+        if engine and engine.get("engineOptions"):
+            out["best"]["engineOptions"] = engine["engineOptions"]
         cost = result.cost_per_million(result.best)
         if cost is not None:
             out["best"]["costPerMillionTokens"] = round(cost, 6)

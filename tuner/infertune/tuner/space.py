@@ -11,9 +11,11 @@ from itertools import product
 from typing import Any
 
 from infertune.tuner.api import TuningSpec
+from infertune.tuner.api.base import to_camel
 from infertune.tuner.candidate import Candidate
-from infertune.tuner.engines import EngineAdapter, get_adapter
+from infertune.tuner.engines import Capabilities, EngineAdapter, get_adapter
 from infertune.tuner.hardware import Hardware
+from infertune.tuner.knobs import SERVING_KNOBS
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,10 @@ class EngineSpace:
     max_num_batched_tokens: list[int]
     kv_block_sizes: list[int]
     cuda_graph: list[bool]
+    # The knobs only some engines honour (tensor_parallel_size, kv_cache_dtype...): name -> values.
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+    # The engine version's options as the operator needs them (EngineAdapter.options_wire).
+    options: dict[str, Any] | None = None
 
     def by_knob(self) -> dict[str, list[Any]]:
         """The values searched for each knob other than the engine, keyed by knob name."""
@@ -53,6 +59,7 @@ class EngineSpace:
             "max_num_batched_tokens": list(self.max_num_batched_tokens),
             "kv_block_size": list(self.kv_block_sizes),
             "cuda_graph": list(self.cuda_graph),
+            **{k: list(v) for k, v in self.extra.items()},
         }
 
     def size(self) -> int:
@@ -79,14 +86,7 @@ class Space:
 
     def contains(self, c: Candidate) -> bool:
         e = self.engines.get(c.engine)
-        return (
-            e is not None
-            and c.quantization in e.quantizations
-            and c.max_num_seqs in e.max_num_seqs
-            and c.max_num_batched_tokens in e.max_num_batched_tokens
-            and c.kv_block_size in e.kv_block_sizes
-            and c.cuda_graph in e.cuda_graph
-        )
+        return e is not None and all(c[k] in values for k, values in e.by_knob().items())
 
     def drop_quantization(self, engine: str, quantization: str, reason: str, rule: str) -> None:
         e = self.engines.get(engine)
@@ -115,11 +115,43 @@ class Space:
                     "maxNumBatchedTokens": e.max_num_batched_tokens,
                     "kvBlockSizes": e.kv_block_sizes,
                     "cudaGraph": e.cuda_graph,
+                    **{to_camel(k): v for k, v in e.extra.items()},
+                    **({"engineOptions": e.options} if e.options else {}),
                 }
                 for name, e in self.engines.items()
             },
             "pruned": [p.to_dict() for p in self.pruned],
         }
+
+
+def extra_values(spec: TuningSpec, hardware: Hardware) -> dict[str, list[Any]]:
+    """The spec's values of the knobs only some engines honour (one value: not searched)."""
+    search = spec.search
+    tp = search.tensor_parallel_sizes or [hardware.count if hardware.is_gpu else 1]
+    return {
+        "tensor_parallel_size": list(tp),
+        "kv_cache_dtype": list(search.kv_cache_dtypes),
+        "gpu_memory_fraction": list(search.gpu_memory_fractions),
+        "prefix_caching": list(search.prefix_caching),
+        "chunked_prefill": list(search.chunked_prefill),
+        "max_model_len": [spec.model.max_model_len or 0],
+    }
+
+
+def _filter_extra(
+    engine: str, values: dict[str, list[Any]], caps: Capabilities, pruned: list[Pruned]
+) -> dict[str, list[Any]]:
+    """The engine's knobs among `values`, less the values its capabilities refuse (recorded)."""
+    out: dict[str, list[Any]] = {}
+    for knob in SERVING_KNOBS.honoured_by(engine):
+        if knob.name not in values:
+            continue
+        refused = caps.refused.get(knob.name, {})
+        for v in values[knob.name]:
+            if v in refused:
+                pruned.append(Pruned(engine, to_camel(knob.name), v, refused[v], "capability"))
+        out[knob.name] = [v for v in values[knob.name] if v not in refused]
+    return out
 
 
 def build_space(
@@ -129,6 +161,7 @@ def build_space(
 ) -> Space:
     """The spec's space, with each engine's values filtered by its capabilities on `hardware`."""
     search = spec.search
+    extra = extra_values(spec, hardware)
     pruned: list[Pruned] = []
     engines: dict[str, EngineSpace] = {}
     seqs = search.max_num_seqs.candidates()
@@ -150,12 +183,13 @@ def build_space(
         keep_q = [q for q in quants if q in caps.quantizations]
         for q in quants:
             if q not in caps.quantizations:
+                reason = caps.refused.get("quantization", {}).get(q)
                 pruned.append(
                     Pruned(
                         engine,
                         "quantization",
                         q,
-                        f"{engine} cannot run {q} on {hardware.describe()}",
+                        reason or f"{engine} cannot run {q} on {hardware.describe()}",
                         "capability",
                     )
                 )
@@ -195,8 +229,11 @@ def build_space(
                     )
                 )
         eng_tokens = list(tokens)
-        if keep_q and blocks and graphs:
-            engines[engine] = EngineSpace(engine, keep_q, list(seqs), eng_tokens, blocks, graphs)
+        more = _filter_extra(engine, extra, caps, pruned)
+        if keep_q and blocks and graphs and all(more.values()):
+            engines[engine] = EngineSpace(
+                engine, keep_q, list(seqs), eng_tokens, blocks, graphs, more, adapter.options_wire()
+            )
         else:
             pruned.append(
                 Pruned(

@@ -8,6 +8,7 @@ from pydantic import Field, create_model
 
 from infertune.tuner.api import ApiModel
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.engines.options import EngineOptions
 from infertune.tuner.knobs import SERVING_KNOBS, KnobSet
 
 ConditionType = Literal["Profiled", "Tuned", "RolledOut", "SLOMet", "Schedulable", "Ready"]
@@ -99,6 +100,17 @@ class Figures(ApiModel):
     output_tokens_mean: float | None = None
 
 
+class EngineRecord(ApiModel):
+    """The engine version a configuration was measured with, and which of the flags that differ
+    between versions it has: what the adapter needs to render the same argv for the Deployment."""
+
+    version: str = Field(max_length=64)
+    flags: list[str] = Field(default_factory=list, max_length=16)
+
+    def options(self, engine: str) -> EngineOptions:
+        return EngineOptions.from_wire(engine, self.model_dump())
+
+
 class ServingConfigBase(ApiModel):
     """What a serving configuration carries besides its knobs, and the typed view of those.
 
@@ -130,6 +142,16 @@ class ServingConfigBase(ApiModel):
         default=None,
         description="Slowest /health round trip while the trial's load ran (sets probe timeouts).",
     )
+
+    engine_options: EngineRecord | None = Field(
+        default=None,
+        description="The engine version the tuner measured (vLLM/SGLang): the Deployment's flags "
+        "are rendered for it.",
+    )
+
+    def adapter_options(self) -> EngineOptions | None:
+        """The engine version's options to render this configuration's flags (None: unknown)."""
+        return self.engine_options.options(self.candidate().engine) if self.engine_options else None
 
     def candidate(self) -> Candidate:
         """The knobs as the tuner's typed configuration (what the engine adapters take)."""

@@ -43,7 +43,8 @@ def serving_argv(
     model = model.replace("$", "$$")
     # The adapter's flags, not its command: its program is the interpreter or binary on the tuning
     # machine (a venv path there), which does not exist inside the engine's image.
-    flags = get_adapter(knobs.engine).flags(
+    # Rendered for the engine version the tuner measured (its summary's engineOptions).
+    flags = get_adapter(knobs.engine, options=config.adapter_options()).flags(
         knobs, model, HOST, settings.serving_port, served_model_name=isvc.spec.model.served_name
     )
     return [*image_entry(knobs.engine, settings), *flags]

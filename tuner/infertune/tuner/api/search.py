@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -83,6 +84,23 @@ class SearchSpace(ApiModel):
     )
     kv_block_sizes: list[int] = Field(default_factory=lambda: [16, 32], min_length=1)
     cuda_graph: list[bool] = Field(default_factory=lambda: [True, False], min_length=1)
+    # The GPU servers' knobs (vLLM, SGLang). One value: pinned, not searched.
+    tensor_parallel_sizes: list[int] | None = Field(
+        default=None,
+        min_length=1,
+        description="Tensor-parallel sizes to search; default: hardware.gpusPerReplica "
+        "(the GPUs the tuning pod sees), not searched.",
+    )
+    kv_cache_dtypes: list[Literal["auto", "fp8"]] = Field(
+        default_factory=lambda: list[Literal["auto", "fp8"]](["auto"]), min_length=1
+    )
+    gpu_memory_fractions: list[float] = Field(
+        default_factory=lambda: [0.9],
+        min_length=1,
+        description="--gpu-memory-utilization (vLLM) / --mem-fraction-static (SGLang).",
+    )
+    prefix_caching: list[bool] = Field(default_factory=lambda: [True], min_length=1)
+    chunked_prefill: list[bool] = Field(default_factory=lambda: [True], min_length=1)
     sampler: Sampler = "tpe"
     seed: int | None = Field(default=None, ge=0)
 
@@ -90,6 +108,21 @@ class SearchSpace(ApiModel):
     @classmethod
     def _unique(cls, values: list[str]) -> list[str]:
         return list(dict.fromkeys(values))
+
+    @field_validator("gpu_memory_fractions")
+    @classmethod
+    def _fractions(cls, values: list[float]) -> list[float]:
+        bad = [v for v in values if not 0.05 <= v <= 0.99]
+        if bad:
+            raise ValueError(f"GPU memory fractions must be between 0.05 and 0.99, got {bad}")
+        return sorted(set(values))
+
+    @field_validator("tensor_parallel_sizes")
+    @classmethod
+    def _tp(cls, values: list[int] | None) -> list[int] | None:
+        if values is not None and any(v < 1 or v > 64 for v in values):
+            raise ValueError(f"tensor-parallel sizes must be between 1 and 64, got {values}")
+        return sorted(set(values)) if values is not None else None
 
     @field_validator("kv_block_sizes")
     @classmethod

@@ -11,6 +11,7 @@ from infertune.tuner.engines.base import (
 )
 from infertune.tuner.engines.builtin import BuiltinAdapter
 from infertune.tuner.engines.llamacpp import LlamaCppAdapter
+from infertune.tuner.engines.options import EngineOptions
 from infertune.tuner.engines.sglang import SglangAdapter
 from infertune.tuner.engines.vllm import VllmAdapter
 
@@ -20,6 +21,7 @@ __all__ = [
     "BuiltinAdapter",
     "Capabilities",
     "EngineAdapter",
+    "EngineOptions",
     "Launch",
     "LlamaCppAdapter",
     "SglangAdapter",
@@ -36,11 +38,14 @@ ADAPTERS: dict[str, type[EngineAdapter]] = {
 }
 
 
-def get_adapter(name: str) -> EngineAdapter:
-    """The adapter for engine `name` (builtin, vllm, llamacpp, sglang)."""
+def get_adapter(name: str, *, options: EngineOptions | None = None) -> EngineAdapter:
+    """The adapter for engine `name` (builtin, vllm, llamacpp, sglang); `options`: the engine
+    version's options to map flags for (the operator passes the tuner's record), else learned
+    from the installed engine when first needed."""
     try:
-        return ADAPTERS[name]()
+        cls = ADAPTERS[name]
     except KeyError:
         raise AdapterError(
             f"engine {name!r} has no adapter; allowed values: {sorted(ADAPTERS)}"
         ) from None
+    return cls(options=options)

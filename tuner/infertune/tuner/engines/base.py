@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from infertune.tuner.api.base import ENGINE_QUANTIZATIONS
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.engines.options import EngineOptions
 from infertune.tuner.hardware import Hardware
 
 
@@ -25,8 +26,15 @@ class AdapterError(ValueError):
     """A configuration an adapter cannot express; the message names the knob and allowed values."""
 
 
+@dataclass(frozen=True)
+class Versioned:
+    """A knob's flags that depend on the engine version's options (a flag renamed or split)."""
+
+    render: Callable[[Any, Candidate, EngineOptions], list[str]]
+
+
 # A knob's value (and the whole configuration, for flags that depend on other knobs) -> flags.
-FlagRule = Callable[[Any, Candidate], list[str]]
+FlagRule = Callable[[Any, Candidate], list[str]] | Versioned
 
 
 def flag(name: str) -> FlagRule:
@@ -73,6 +81,8 @@ class Capabilities:
     # Knobs the engine can change without a restart (none of today's engines can).
     runtime_knobs: frozenset[str] = frozenset()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Knob -> value -> why this engine (version) cannot run it here: pruned from the space.
+    refused: Mapping[str, Mapping[Any, str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -88,6 +98,31 @@ class EngineAdapter(abc.ABC):
     health_path: str = "/health"
     # Knob name -> its flags, for every knob this engine honours (KnobSet.honoured_by).
     knob_flags: ClassVar[Mapping[str, FlagRule]] = {}
+    # The flags whose presence differs between the engine's versions: the mapping branches on
+    # them, and the tuner's summary carries which exist (EngineOptions.to_wire) to the operator.
+    versioned_flags: ClassVar[tuple[str, ...]] = ()
+    # The options assumed when none are known (no engine installed, a record older than them).
+    default_options: ClassVar[EngineOptions | None] = None
+
+    def __init__(self, *, options: EngineOptions | None = None) -> None:
+        self._options = options
+
+    @property
+    def options(self) -> EngineOptions | None:
+        """The engine version's options: given, else learned from the installed engine, else
+        the adapter's default."""
+        if self._options is None:
+            self._options = self.learn_options() or self.default_options
+        return self._options
+
+    def learn_options(self) -> EngineOptions | None:
+        """The installed engine's options (run its parser once; cached on disk), or None."""
+        return None
+
+    def options_wire(self) -> dict[str, Any] | None:
+        """What the operator needs to render this version's flags (None: no versioned flags)."""
+        options = self.options
+        return options.to_wire(self.versioned_flags) if options is not None else None
 
     @abc.abstractmethod
     def capabilities(self, hardware: Hardware) -> Capabilities:
@@ -132,7 +167,13 @@ class EngineAdapter(abc.ABC):
                     f"engine {self.name!r} honours knob {knob.name!r} but its adapter maps no "
                     "flag for it (add an entry to knob_flags)"
                 )
-            argv += rule(config[knob.name], config)
+            if isinstance(rule, Versioned):
+                options = self.options
+                if options is None:
+                    raise AdapterError(f"{self.name} has no known options to map {knob.name!r}")
+                argv += rule.render(config[knob.name], config, options)
+            else:
+                argv += rule(config[knob.name], config)
         return argv
 
     def command(

