@@ -9,6 +9,7 @@ import copy
 import re
 import uuid
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import yaml
@@ -112,35 +113,30 @@ def _bad_value(draw: st.DrawFn, schema: dict[str, Any]) -> Any:
 
 
 def set_path(doc: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-    node: Any = doc
-    for key in path[:-1]:
+    """Set `value` at `path`, creating what is missing; a digit step is a list index (as
+    `_leaves` names array items), so any array field works, not a list of known names."""
+
+    def child(node: Any, key: str, want_list: bool) -> Any:
+        kind = list if want_list else dict
         if isinstance(node, list):
-            node = node[int(key)]
-            continue
-        if not isinstance(node.get(key), dict | list):
-            node[key] = (
-                []
-                if key
-                in (
-                    "engines",
-                    "quantizations",
-                    "values",
-                    "kvBlockSizes",
-                    "cudaGraph",
-                    "prompts",
-                    "gpuProducts",
-                    "tolerations",
-                    "triggers",
-                )
-                else {}
-            )
-        if isinstance(node[key], list) and not node[key]:
-            node[key].append({} if key == "tolerations" else None)
-        node = node[key]
+            index = int(key)
+            node.extend([None] * (index + 1 - len(node)))
+            if not isinstance(node[index], kind):
+                node[index] = kind()
+            return node[index]
+        if not isinstance(node.get(key), kind):
+            node[key] = kind()
+        return node[key]
+
+    node: Any = doc
+    for key, following in pairwise(path):
+        node = child(node, key, following.isdigit())
+    last = path[-1]
     if isinstance(node, list):
-        node[int(path[-1])] = value
+        node.extend([None] * (int(last) + 1 - len(node)))
+        node[int(last)] = value
     else:
-        node[path[-1]] = value
+        node[last] = value
 
 
 def _delete(doc: dict[str, Any], path: tuple[str, ...]) -> None:
