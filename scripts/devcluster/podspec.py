@@ -47,20 +47,23 @@ def rewrite_paths(text: str, mapping: list[tuple[str, str]]) -> str:
 
     A path below a mount that exists on this machine is left alone: the pod's command is a host
     command (its interpreter may live under /work or /usr), and only a real container would hide it.
+    One pass over the text: a local directory written in is never rewritten again (the pods'
+    directories live under /dev/shm, itself a pod's mountPath when the pod has a shm volume).
     """
-    for mount, local in mapping:
-        pattern = (
-            r"(?<![\w./-])" + re.escape(mount.rstrip("/")) + r"(/[^\s,:;\"'=]*)?(?=$|[\s,:;\"'=])"
-        )
+    if not mapping:
+        return text
+    ordered = sorted(mapping, key=lambda mp: len(mp[0].rstrip("/")), reverse=True)
+    mounts = "|".join(re.escape(mount.rstrip("/")) for mount, _ in ordered)
+    pattern = r"(?<![\w./-])(" + mounts + r")(/[^\s,:;\"'=]*)?(?=$|[\s,:;\"'=])"
+    local_of = {mount.rstrip("/"): local for mount, local in ordered}
 
-        def repl(m: re.Match[str], mount: str = mount, local: str = local) -> str:
-            rest = m.group(1) or ""
-            if rest.strip("/") and os.path.exists(mount.rstrip("/") + rest):
-                return m.group(0)
-            return local + rest
+    def repl(m: re.Match[str]) -> str:
+        mount, rest = m.group(1), m.group(2) or ""
+        if rest.strip("/") and os.path.exists(mount + rest):
+            return m.group(0)
+        return local_of[mount] + rest
 
-        text = re.sub(pattern, repl, text)
-    return text
+    return re.sub(pattern, repl, text)
 
 
 def _write_keys(

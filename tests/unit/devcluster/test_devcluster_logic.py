@@ -172,6 +172,15 @@ def test_longer_mount_wins() -> None:
     assert rewrite_paths("/data/models/x /data/y", mapping) == "/m/x /d/y"
 
 
+def test_a_rewritten_path_is_not_rewritten_again() -> None:
+    # The agent's pod directories live under /dev/shm; a pod that mounts /dev/shm (a shm volume)
+    # must not see its termination log's local path rewritten a second time.
+    local = "/dev/shm/agent/pods/p/tuner.termination-log"
+    mapping = [("/dev/termination-log", local), ("/dev/shm", "/dev/shm/agent/pods/p/volumes/dshm")]
+    assert rewrite_paths("--log /dev/termination-log", mapping) == f"--log {local}"
+    assert rewrite_paths("/dev/shm/x", mapping) == "/dev/shm/agent/pods/p/volumes/dshm/x"
+
+
 def test_host_paths_below_a_mount_are_not_rewritten() -> None:
     # The pod's interpreter is a host path; a mount at /usr must not hide it.
     mapping = [("/usr", "/tmp/v")]
