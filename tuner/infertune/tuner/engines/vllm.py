@@ -25,11 +25,11 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.engines import interpreter
 from infertune.tuner.engines.base import (
     AdapterError,
     Capabilities,
@@ -76,26 +76,11 @@ DEFAULT_OPTIONS = EngineOptions("vllm", "0.32.0", {NEW_GRAPH: None}, complete=Fa
 def configured_python() -> str:
     """The interpreter the configuration names ($INFERTUNE_VLLM_PYTHON, $INFERTUNE_VLLM_VENV),
     else the vLLM image's ``python3``."""
-    explicit = os.environ.get(PYTHON_ENV)
-    if explicit:
-        return explicit
-    venv = os.environ.get(VENV_ENV)
-    if venv:
-        return str(Path(venv) / "bin/python")
-    return IMAGE_PYTHON
+    return interpreter.configured_python(PYTHON_ENV, VENV_ENV, IMAGE_PYTHON)
 
 
-@functools.lru_cache(maxsize=8)
 def _has_vllm(python: str) -> bool:
-    exe = shutil.which(python) if os.sep not in python else python
-    if exe is None or not Path(exe).exists():
-        return False
-    # find_spec, not import: importing vLLM takes many seconds on a small CPU.
-    probe = "import importlib.util as u, sys; sys.exit(u.find_spec('vllm') is None)"
-    try:
-        return subprocess.run([exe, "-c", probe], capture_output=True, timeout=60).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
+    return interpreter.has_module(python, "vllm")
 
 
 def vllm_python() -> str | None:
