@@ -36,6 +36,7 @@ class SummaryBest(_Camel):
     health_latency_ms: float | None = Field(default=None, alias="healthLatencyMs")
     cost_per_million_tokens: float | None = Field(default=None, alias="costPerMillionTokens")
     engine_options: EngineRecord | None = Field(default=None, alias="engineOptions")
+    quantization_method: str | None = Field(default=None, alias="quantizationMethod")
 
     @model_validator(mode="after")
     def _knobs_complete(self) -> SummaryBest:
@@ -74,6 +75,7 @@ class Summary(_Camel):
             health_latency_ms=b.health_latency_ms,
             cost_per_million_tokens=b.cost_per_million_tokens,
             engine_options=b.engine_options,
+            quantization_method=b.quantization_method,
         )
 
     def status_profile(self) -> Profile | None:

@@ -198,6 +198,12 @@ def compact_summary(result: TuningResult) -> dict[str, Any]:
         engine = (result.space or {}).get("engines", {}).get(result.best.config.get("engine"))
         if engine and engine.get("engineOptions"):
             out["best"]["engineOptions"] = engine["engineOptions"]
+        # The --quantization method of the pre-quantized checkpoint the winner was served from.
+        method = ((engine or {}).get("quantizationMethods") or {}).get(
+            result.best.config.get("quantization")
+        )
+        if method:
+            out["best"]["quantizationMethod"] = method
         cost = result.cost_per_million(result.best)
         if cost is not None:
             out["best"]["costPerMillionTokens"] = round(cost, 6)

@@ -16,6 +16,7 @@ from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines import Capabilities, EngineAdapter, get_adapter
 from infertune.tuner.hardware import Hardware
 from infertune.tuner.knobs import SERVING_KNOBS
+from infertune.tuner.models import variant_methods
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ class EngineSpace:
     extra: dict[str, list[Any]] = field(default_factory=dict)
     # The engine version's options as the operator needs them (EngineAdapter.options_wire).
     options: dict[str, Any] | None = None
+    # Precision -> --quantization method of the pre-quantized checkpoint it is served from.
+    quantization_methods: dict[str, str] = field(default_factory=dict)
 
     def by_knob(self) -> dict[str, list[Any]]:
         """The values searched for each knob other than the engine, keyed by knob name."""
@@ -117,6 +120,11 @@ class Space:
                     "cudaGraph": e.cuda_graph,
                     **{to_camel(k): v for k, v in e.extra.items()},
                     **({"engineOptions": e.options} if e.options else {}),
+                    **(
+                        {"quantizationMethods": e.quantization_methods}
+                        if e.quantization_methods
+                        else {}
+                    ),
                 }
                 for name, e in self.engines.items()
             },
@@ -166,8 +174,9 @@ def build_space(
     engines: dict[str, EngineSpace] = {}
     seqs = search.max_num_seqs.candidates()
     tokens = search.max_num_batched_tokens.candidates()
+    methods = variant_methods(spec.model)
     for engine, quants in search.engine_quantizations().items():
-        adapter = (adapters or {}).get(engine) or get_adapter(engine)
+        adapter = (adapters or {}).get(engine) or get_adapter(engine, quant_methods=methods)
         caps = adapter.capabilities(hardware)
         if not caps.runnable:
             pruned.append(
@@ -231,8 +240,17 @@ def build_space(
         eng_tokens = list(tokens)
         more = _filter_extra(engine, extra, caps, pruned)
         if keep_q and blocks and graphs and all(more.values()):
+            served = {q: m for q, m in adapter.quant_methods.items() if q in keep_q and m}
             engines[engine] = EngineSpace(
-                engine, keep_q, list(seqs), eng_tokens, blocks, graphs, more, adapter.options_wire()
+                engine,
+                keep_q,
+                list(seqs),
+                eng_tokens,
+                blocks,
+                graphs,
+                more,
+                adapter.options_wire(),
+                served,
             )
         else:
             empty = [("quantization", keep_q), ("kvBlockSize", blocks), ("cudaGraph", graphs)]

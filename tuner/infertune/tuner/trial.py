@@ -21,6 +21,7 @@ from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines import AdapterError, EngineAdapter, get_adapter
 from infertune.tuner.hardware import Hardware
 from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
+from infertune.tuner.models import model_uri, resolve_model, variant_methods
 from infertune.tuner.process import EngineProcess, HealthWatch, TrialError
 from infertune.tuner.verdict import LATENCY_FIGURE_KEYS, figure_key, judge_figures
 
@@ -166,8 +167,20 @@ class TrialRunner:
 
     def adapter(self, engine: str) -> EngineAdapter:
         if engine not in self.adapters:
-            self.adapters[engine] = get_adapter(engine)
+            methods = variant_methods(self.spec.model)
+            self.adapters[engine] = get_adapter(engine, quant_methods=methods)
         return self.adapters[engine]
+
+    def model_for(self, config: Candidate) -> Path:
+        """The checkpoint `config` loads: the spec's pre-quantized variant for its precision when
+        its engine serves variants (models.model_uri), else the tuned model."""
+        spec_model = self.spec.model
+        if model_uri(spec_model, config.quantization, config.engine) == spec_model.uri:
+            return self.model_dir
+        try:
+            return resolve_model(spec_model, config.quantization, config.engine)
+        except ValueError as exc:
+            raise TrialError("unsupported", str(exc)) from exc
 
     def close(self) -> None:
         if self.engine is not None:
@@ -189,7 +202,7 @@ class TrialRunner:
         if why:
             raise TrialError("unsupported", why)
         try:
-            model_path = adapter.prepare_model(self.model_dir, config, self.workdir)
+            model_path = adapter.prepare_model(self.model_for(config), config, self.workdir)
             engine = EngineProcess(
                 adapter,
                 config,

@@ -149,6 +149,13 @@ class ServingConfigBase(ApiModel):
         "are rendered for it.",
     )
 
+    quantization_method: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The --quantization method of the pre-quantized checkpoint "
+        "(spec.model.variants) this int8/int4 configuration was measured with (vLLM/SGLang).",
+    )
+
     def adapter_options(self) -> EngineOptions | None:
         """The engine version's options to render this configuration's flags (None: unknown)."""
         return self.engine_options.options(self.candidate().engine) if self.engine_options else None

@@ -11,6 +11,7 @@ from infertune.operator.api import API_VERSION, KIND, InferenceService
 from infertune.operator.engine_runtime import PROJECT_IMAGE, EngineRuntime
 from infertune.operator.hashing import digest
 from infertune.operator.settings import OperatorSettings
+from infertune.tuner.api.model import ModelSource
 from infertune.tuner.gpu_identity import PRODUCT_LABEL
 from infertune.tuner.models import claim_mount, pod_path
 
@@ -100,12 +101,12 @@ def pull_secrets(isvc: InferenceService, settings: OperatorSettings) -> Obj:
     return {"imagePullSecrets": [{"name": n} for n in unique]} if unique else {}
 
 
-def model_location(uri: str) -> tuple[str, list[Obj], list[Obj]]:
+def model_location(uri: str, volume: str = "model") -> tuple[str, list[Obj], list[Obj]]:
     """Where the pod sees the model, plus the volume and mount that put it there.
 
     pvc://CLAIM/sub -> the claim mounted read-only under /mnt/models/CLAIM; file:///dir -> the node's
     directory (hostPath) at the same path; hf:// and builtin:// need no volume. The paths come from
-    infertune.tuner.models, the rules the tuner resolves the same URI with.
+    infertune.tuner.models, the rules the tuner resolves the same URI with. `volume`: its name.
     """
     path = pod_path(uri)
     if path is None:
@@ -114,10 +115,26 @@ def model_location(uri: str) -> tuple[str, list[Obj], list[Obj]]:
     if parsed.scheme == "pvc":
         claim = parsed.netloc
         mount = claim_mount(claim)
-        vol = {"name": "model", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        return path, [vol], [{"name": "model", "mountPath": mount, "readOnly": True}]
-    vol = {"name": "model", "hostPath": {"path": path, "type": "Directory"}}
-    return path, [vol], [{"name": "model", "mountPath": path, "readOnly": True}]
+        vol = {"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        return path, [vol], [{"name": volume, "mountPath": mount, "readOnly": True}]
+    vol = {"name": volume, "hostPath": {"path": path, "type": "Directory"}}
+    return path, [vol], [{"name": volume, "mountPath": path, "readOnly": True}]
+
+
+def model_volumes(source: ModelSource) -> tuple[list[Obj], list[Obj]]:
+    """Volumes and mounts for model.uri and every pre-quantized variant (the tuning pod loads each
+    precision's checkpoint): `model`, then `model-<q>`; a mount point already there (the same claim
+    or directory) is not mounted twice."""
+    vols: list[Obj] = []
+    mounts: list[Obj] = []
+    variants = source.variants.items() if source.variants is not None else []
+    for name, uri in [("model", source.uri), *((f"model-{q}", v.uri) for q, v in variants)]:
+        _, more_vols, more_mounts = model_location(uri, name)
+        if more_mounts and any(m["mountPath"] == more_mounts[0]["mountPath"] for m in mounts):
+            continue
+        vols += more_vols
+        mounts += more_mounts
+    return vols, mounts
 
 
 def placement(isvc: InferenceService, gpu_product: str | None = None) -> Obj:

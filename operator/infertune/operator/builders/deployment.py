@@ -25,6 +25,7 @@ from infertune.operator.engine_runtime import PROJECT_IMAGE
 from infertune.operator.hashing import config_hash
 from infertune.operator.settings import OperatorSettings
 from infertune.tuner.engines import get_adapter
+from infertune.tuner.models import model_uri
 
 HOST = "$(POD_IP)"  # expanded by the kubelet from the downward-API env var below
 
@@ -34,7 +35,7 @@ def serving_argv(
 ) -> list[str]:
     """The exact command line the tuner measured: the engine adapter's flags (the same call the
     tuner's trial made) behind the engine image's entry point."""
-    model, _, _ = model_location(isvc.spec.model.uri)
+    model, _, _ = model_location(served_uri(isvc, config))
     knobs = config.candidate()
     if needs_gguf(isvc, config):
         model = GGUF_FILE  # written by the init container (gguf_init_container)
@@ -44,10 +45,31 @@ def serving_argv(
     # The adapter's flags, not its command: its program is the interpreter or binary on the tuning
     # machine (a venv path there), which does not exist inside the engine's image.
     # Rendered for the engine version the tuner measured (its summary's engineOptions).
-    flags = get_adapter(knobs.engine, options=config.adapter_options()).flags(
+    adapter = get_adapter(
+        knobs.engine, options=config.adapter_options(), quant_methods=quant_methods(isvc, config)
+    )
+    flags = adapter.flags(
         knobs, model, HOST, settings.serving_port, served_model_name=isvc.spec.model.served_name
     )
     return [*image_entry(knobs.engine, settings), *flags]
+
+
+def served_uri(isvc: InferenceService, config: ServingConfig) -> str:
+    """The checkpoint the Deployment serves: the spec's pre-quantized variant for the winner's
+    precision on vLLM/SGLang (models.model_uri, the rule the tuner's trial loaded it by)."""
+    knobs = config.candidate()
+    return model_uri(isvc.spec.model, knobs.quantization, knobs.engine)
+
+
+def quant_methods(isvc: InferenceService, config: ServingConfig) -> dict[str, str | None]:
+    """The winner's precision -> its variant's --quantization method: the one the tuner served it
+    with (its summary), else the spec's; none when the winner is not served from a variant."""
+    knobs = config.candidate()
+    if served_uri(isvc, config) == isvc.spec.model.uri:
+        return {}
+    variant = isvc.spec.model.variant(knobs.quantization)
+    spec_method = variant.method if variant is not None else None
+    return {knobs.quantization: config.quantization_method or spec_method}
 
 
 # How the engines' images start their servers: a module run by the image's interpreter that has
@@ -139,12 +161,12 @@ def desired_deployment(
     """`strategy`: Surge or ReplaceInPlace as resolved (schedulable.effective_strategy); by
     default the spec's, Auto surging."""
     image = settings.image_for(config.candidate().engine)
-    chash = config_hash(config, isvc.spec.model.uri, image)
+    chash = config_hash(config, served_uri(isvc, config), image)
     name = deployment_name(isvc, track)
     meta = metadata(isvc, name, "serving", **{LABEL_TRACK: track})
     meta["annotations"][ANN_CONFIG] = chash
     selector = {LABEL_ISVC: isvc.name[:63], LABEL_TRACK: track}
-    _, model_vols, model_mounts = model_location(isvc.spec.model.uri)
+    _, model_vols, model_mounts = model_location(served_uri(isvc, config))
     runtime = settings.runtime_for(config.candidate().engine)
     tmp_vols, tmp_mounts, tmp_env = writable_dirs(runtime, isvc.spec.hardware.memory)
     port = settings.serving_port

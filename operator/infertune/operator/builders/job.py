@@ -13,6 +13,7 @@ from infertune.operator.builders.common import (
     container_security_context,
     metadata,
     model_location,
+    model_volumes,
     placement,
     pod_security_context,
     pull_secrets,
@@ -118,7 +119,7 @@ def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSetting
     name = plan.job_name(isvc.name)
     meta = metadata(isvc, name, "tuning", **{LABEL_RUN: plan.run_id, LABEL_REASON: plan.reason})
     meta["annotations"][ANN_SPEC] = plan.spec_hash
-    _, model_vols, model_mounts = model_location(isvc.spec.model.uri)
+    model_vols, model_mounts = model_volumes(isvc.spec.model)
     tmp_vols, tmp_mounts, tmp_env = writable_dirs(TUNING_POD, isvc.spec.hardware.memory)
     env: list[Obj] = [*tmp_env, {"name": "PYTHONUNBUFFERED", "value": "1"}]
     ref = settings.storage_secret_ref

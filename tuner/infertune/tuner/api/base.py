@@ -18,11 +18,13 @@ ENGINES: tuple[str, ...] = ("builtin", "vllm", "llamacpp", "sglang")
 QUANTIZATIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "fp8", "int8", "int4")
 PERCENTILES: dict[str, float] = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
 
-# Which precisions each engine can serve from an ordinary (unquantized) checkpoint. Static facts about
-# the engines, independent of the hardware; the hardware filter is applied later by the tuner.
+# Which precisions each engine can serve: from an ordinary (unquantized) checkpoint, except int8/int4
+# on vLLM/SGLang, served only from the spec's pre-quantized checkpoint (model.variants; pruned with
+# what to provide without one). Static facts about the engines, independent of the hardware; the
+# hardware filter is applied later by the tuner.
 ENGINE_QUANTIZATIONS: dict[str, frozenset[str]] = {
     "builtin": frozenset(QUANTIZATIONS),
-    "vllm": frozenset({"fp32", "bf16", "fp16", "fp8", "int4"}),
+    "vllm": frozenset({"fp32", "bf16", "fp16", "fp8", "int8", "int4"}),
     "llamacpp": frozenset({"fp32", "bf16", "fp16", "int8", "int4"}),
     "sglang": frozenset({"bf16", "fp16", "fp8", "int8", "int4"}),
 }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from infertune.tuner.engines.base import (
     AdapterError,
     Capabilities,
@@ -38,14 +40,20 @@ ADAPTERS: dict[str, type[EngineAdapter]] = {
 }
 
 
-def get_adapter(name: str, *, options: EngineOptions | None = None) -> EngineAdapter:
+def get_adapter(
+    name: str,
+    *,
+    options: EngineOptions | None = None,
+    quant_methods: Mapping[str, str | None] | None = None,
+) -> EngineAdapter:
     """The adapter for engine `name` (builtin, vllm, llamacpp, sglang); `options`: the engine
     version's options to map flags for (the operator passes the tuner's record), else learned
-    from the installed engine when first needed."""
+    from the installed engine when first needed; `quant_methods`: precision -> the method of the
+    spec's pre-quantized checkpoint for it (models.variant_methods; vLLM/SGLang serve them)."""
     try:
         cls = ADAPTERS[name]
     except KeyError:
         raise AdapterError(
             f"engine {name!r} has no adapter; allowed values: {sorted(ADAPTERS)}"
         ) from None
-    return cls(options=options)
+    return cls(options=options, quant_methods=quant_methods)

@@ -69,6 +69,34 @@ def precision_flags(
     return rule
 
 
+PREQUANTIZED = ("int8", "int4")  # served by vLLM/SGLang only from a pre-quantized checkpoint
+
+
+def variant_quantizations(
+    engine: str, quant_methods: Mapping[str, str | None]
+) -> tuple[frozenset[str], dict[str, str]]:
+    """The pre-quantized precisions `engine` can serve (a checkpoint and its method are known),
+    and for the others why not: what to put in the spec."""
+    offered: set[str] = set()
+    refused: dict[str, str] = {}
+    for q in PREQUANTIZED:
+        if q not in quant_methods:
+            refused[q] = (
+                f"{q} on {engine} needs a pre-quantized {q} checkpoint: set "
+                f"model.variants.{q}.uri to an AWQ/GPTQ checkpoint of the model (e.g. "
+                "hf://org/model-AWQ); quantizing a bf16 checkpoint on load is not a latency option"
+            )
+        elif quant_methods[q] is None:
+            refused[q] = (
+                f"{q} on {engine}: the method of model.variants.{q} is unknown (no "
+                "quantization_config.quant_method in a local config.json at tuning time); set "
+                f"model.variants.{q}.method"
+            )
+        else:
+            offered.add(q)
+    return frozenset(offered), refused
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an engine can run on the hardware at hand."""
@@ -104,8 +132,16 @@ class EngineAdapter(abc.ABC):
     # The options assumed when none are known (no engine installed, a record older than them).
     default_options: ClassVar[EngineOptions | None] = None
 
-    def __init__(self, *, options: EngineOptions | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        options: EngineOptions | None = None,
+        quant_methods: Mapping[str, str | None] | None = None,
+    ) -> None:
         self._options = options
+        # Precision -> --quantization method of the spec's pre-quantized checkpoint for it
+        # (models.variant_methods; None: a checkpoint whose method nobody said). vLLM/SGLang only.
+        self.quant_methods: dict[str, str | None] = dict(quant_methods or {})
 
     @property
     def options(self) -> EngineOptions | None:
@@ -161,6 +197,9 @@ class EngineAdapter(abc.ABC):
         """The flags of every knob this engine honours, in the knobs' declared order."""
         argv: list[str] = []
         for knob in config.knobs.honoured_by(self.name):
+            if knob.name == "quantization" and config.quantization in self.quant_methods:
+                argv += self.prequantized_flags(config.quantization)
+                continue
             rule = self.knob_flags.get(knob.name)
             if rule is None:
                 raise AdapterError(
@@ -175,6 +214,16 @@ class EngineAdapter(abc.ABC):
             else:
                 argv += rule(config[knob.name], config)
         return argv
+
+    def prequantized_flags(self, quantization: str) -> list[str]:
+        """The flags that serve a pre-quantized checkpoint: its own dtype, the spec's method."""
+        method = self.quant_methods.get(quantization)
+        if method is None:
+            raise AdapterError(
+                f"{quantization} on {self.name}: the pre-quantized checkpoint's method is unknown; "
+                f"set model.variants.{quantization}.method"
+            )
+        return ["--dtype", "auto", "--quantization", method]
 
     def command(
         self,

