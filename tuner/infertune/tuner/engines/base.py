@@ -288,3 +288,18 @@ def default_served_name(model_path: str) -> str:
 
 def ints(values: frozenset[int] | set[int] | list[int]) -> list[int]:
     return sorted(values)
+
+
+class OwnInterpreterAdapter(EngineAdapter):
+    """An engine that runs in an interpreter of its own (vLLM, SGLang): `python` names it, or
+    None for the one the configuration names (see engines/interpreter.py)."""
+
+    def __init__(
+        self,
+        python: str | None = None,
+        *,
+        options: EngineOptions | None = None,
+        quant_methods: Mapping[str, str | None] | None = None,
+    ) -> None:
+        super().__init__(options=options, quant_methods=quant_methods)
+        self.python = python

@@ -22,14 +22,13 @@ Flags per version come from SGLang's own parser (engines/options.py; recorded fo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines.base import (
     AdapterError,
     Capabilities,
-    EngineAdapter,
+    OwnInterpreterAdapter,
     Versioned,
     flag,
     precision_flags,
@@ -71,7 +70,7 @@ def _refused(options: EngineOptions | None) -> dict[str, dict[Any, str]]:
     return why
 
 
-class SglangAdapter(EngineAdapter):
+class SglangAdapter(OwnInterpreterAdapter):
     name = "sglang"
     health_path = "/health"
 
@@ -90,16 +89,6 @@ class SglangAdapter(EngineAdapter):
 
     versioned_flags = (NEW_GRAPH, OLD_GRAPH)
     default_options = DEFAULT_OPTIONS
-
-    def __init__(
-        self,
-        python: str | None = None,
-        *,
-        options: EngineOptions | None = None,
-        quant_methods: Mapping[str, str | None] | None = None,
-    ) -> None:
-        super().__init__(options=options, quant_methods=quant_methods)
-        self.python = python
 
     def learn_options(self) -> EngineOptions | None:
         return learn(self.interpreter(), "sglang") if self.missing() is None else None

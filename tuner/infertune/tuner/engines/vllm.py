@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ from infertune.tuner.engines import interpreter
 from infertune.tuner.engines.base import (
     AdapterError,
     Capabilities,
-    EngineAdapter,
+    OwnInterpreterAdapter,
     Versioned,
     flag,
     precision_flags,
@@ -86,22 +85,12 @@ def vllm_python() -> str | None:
     return python if _has_vllm(python) else None
 
 
-class VllmAdapter(EngineAdapter):
+class VllmAdapter(OwnInterpreterAdapter):
     name = "vllm"
     health_path = "/health"
 
     versioned_flags = (NEW_GRAPH, OLD_GRAPH)
     default_options = DEFAULT_OPTIONS
-
-    def __init__(
-        self,
-        python: str | None = None,
-        *,
-        options: EngineOptions | None = None,
-        quant_methods: Mapping[str, str | None] | None = None,
-    ) -> None:
-        super().__init__(options=options, quant_methods=quant_methods)
-        self.python = python
 
     def learn_options(self) -> EngineOptions | None:
         python = self.python or configured_python()
