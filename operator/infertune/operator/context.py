@@ -20,7 +20,7 @@ from infertune.operator.conditions import (
 )
 from infertune.operator.reconcile import merge_patch
 from infertune.operator.runtime import Key, Runtime
-from infertune.operator.validation import name_problems, parse_spec
+from infertune.operator.validation import name_problems, parse_spec, storage_problems
 
 log = logging.getLogger("infertune.operator")
 
@@ -92,6 +92,7 @@ def load(rt: Runtime, body: Any) -> Ctx:
     spec = None
     try:
         spec = parse_spec(spec_raw)
+        problems += storage_problems(spec, rt.settings.storage_secret_ref is not None)
     except ValueError as exc:
         problems.append(str(exc))
     if problems or spec is None:

@@ -94,8 +94,14 @@ def _job_finished(job: dict[str, Any]) -> str | None:
 
 
 def _job_pod(pods: list[dict[str, Any]], job_name: str) -> dict[str, Any] | None:
+    """The pod whose summary is the run's: the last to finish, a succeeded one first (with
+    parallel workers, a lost worker's pod may end after the others; its message is a log tail)."""
     mine = [p for p in pods if p.get("job") == job_name and p.get("terminated")]
-    return max(mine, key=lambda p: p.get("finished_at") or "", default=None)
+    return max(
+        mine,
+        key=lambda p: (p.get("phase") == "Succeeded", p.get("finished_at") or ""),
+        default=None,
+    )
 
 
 async def ingest_job(

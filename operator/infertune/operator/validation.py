@@ -37,6 +37,20 @@ def spec_problems(spec: Any) -> list[str]:
     return []
 
 
+def storage_problems(spec: InferenceServiceSpec, shared_storage: bool) -> list[str]:
+    """What this operator's installation cannot run: several tuning workers need a study storage
+    they all reach (`--storage-secret`, the chart's storage.type postgresql or external)."""
+    workers = spec.budget.parallel_trials
+    if workers <= 1 or shared_storage:
+        return []
+    return [
+        f"spec.budget.parallelTrials: {workers} workers share one study, but this operator has no "
+        "shared study storage: each tuning pod would keep its own SQLite study and run the whole "
+        "budget alone. Install the chart with storage.type=postgresql (or external with "
+        "storage.url.secretName), or set parallelTrials: 1"
+    ]
+
+
 def parse_spec(spec: Any) -> InferenceServiceSpec:
     """Parse once at the handler edge; ValueError lists every problem."""
     problems = spec_problems(spec)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from infertune.engine.core_spawn import spawn_core
+from infertune.engine.pretrained import PRETRAINED, PretrainedMissingError, ensure_builtin
 from infertune.engine.serve_config import (
     DEFAULT_GPU_UTILIZATION,
     DEFAULT_KV_CACHE_BYTES,
@@ -86,7 +87,10 @@ def build_serve_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         required=True,
-        help=f"checkpoint directory, or one of {', '.join(MODEL_SIZES)} for a generated model",
+        help=(
+            f"checkpoint directory, one of {', '.join(MODEL_SIZES)} for a generated random-weight "
+            f"model, or {', '.join(PRETRAINED)} (a real one); also as builtin://NAME"
+        ),
     )
     p.add_argument("--served-model-name", help="name in /v1/models (default: the directory name)")
     p.add_argument("--quantization", choices=QUANTIZATIONS, default=d.quantization)
@@ -141,18 +145,19 @@ def parse_serve_args(argv: list[str]) -> ServeConfig:
 
 
 def _model_dir(model: str) -> Path:
-    # The operator passes the spec's URI as is: builtin://SIZE and file:///dir are accepted too.
+    # The operator passes the spec's URI as is: builtin://NAME and file:///dir are accepted too.
     model = model.removeprefix("builtin://").removeprefix("file://")
     path = Path(model)
     if path.is_dir():
         return path
-    if model in MODEL_SIZES:
-        from infertune.engine.make_model import ensure_model
-
-        return ensure_model(model)
+    if model in MODEL_SIZES or model in PRETRAINED:
+        try:
+            return ensure_builtin(model)
+        except PretrainedMissingError as exc:
+            raise SystemExit(f"--model {model!r}: {exc}") from None
     raise SystemExit(
-        f"--model {model!r} is neither a checkpoint directory nor one of {', '.join(MODEL_SIZES)} "
-        "(optionally as builtin://SIZE)"
+        f"--model {model!r} is neither a checkpoint directory nor one of "
+        f"{', '.join((*MODEL_SIZES, *PRETRAINED))} (optionally as builtin://NAME)"
     )
 
 

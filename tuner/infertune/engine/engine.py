@@ -32,7 +32,7 @@ from infertune.engine.scheduler import (
     Scheduler,
     Sequence,
 )
-from infertune.engine.step import SamplingParams, StepInput
+from infertune.engine.step import InputLogprobs, SamplingParams, StepInput, TokenLogprob
 
 __all__ = [
     "Engine",
@@ -72,6 +72,10 @@ class TokenEvent:
     finish_reason: str | None = None
     error: str | None = None
     queue_time: float | None = None  # on the request's first event: arrival to first scheduling
+    # Only for requests that asked: one entry per token of this event, and on the first event
+    # the prompt's (positions 1..len-1; position 0 has no preceding context).
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(eq=False)
@@ -82,6 +86,8 @@ class Request:
     arrival: float
     scheduled_at: float | None = None  # first time the scheduler ran any of its tokens
     reported_queue_time: bool = False
+    prompt_logprobs: list[TokenLogprob] | None = None  # gathered over the prompt's chunks
+    prompt_logprobs_sent: bool = False  # a recompute after a preemption does not send them twice
 
 
 @dataclass
@@ -117,8 +123,12 @@ class EngineFrontend:
         max_tokens: int,
         sampling: SamplingParams | None = None,
         ignore_eos: bool = False,
+        logprobs: int | None = None,
+        prompt_logprobs: bool = False,
     ) -> tuple[int, asyncio.Queue[TokenEvent]]:
         """Queue a request from the running event loop; its id and its token-event queue.
+        ``logprobs``: top-k log-probabilities with each token (and, with ``prompt_logprobs``,
+        with the prompt's on the first event).
 
         Raises :class:`RequestRejectedError` for requests that can never fit and
         :class:`EngineOverloadedError` when ``max_waiting`` requests are already queued.
@@ -130,6 +140,8 @@ class EngineFrontend:
             sampling=sampling or SamplingParams(),
             eos_token_ids=self.eos_token_ids,
             ignore_eos=ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
         )
         self._validate(seq)
         queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
@@ -282,6 +294,7 @@ class Engine(EngineFrontend):
                 req.scheduled_at = now
         try:
             tokens = self.runner.execute(batch.inputs)
+            logprobs = self._take_logprobs(batch)
             emitted = self.scheduler.update(batch, tokens)
         except Exception as exc:  # never let one bad batch kill the server
             log.exception("engine step failed; aborting its %d requests", len(batch.seqs))
@@ -300,8 +313,34 @@ class Engine(EngineFrontend):
             if not req.reported_queue_time and req.scheduled_at is not None:
                 event.queue_time = req.scheduled_at - req.arrival
                 req.reported_queue_time = True
+            got = logprobs.get(seq.seq_id) if logprobs else None
+            if got is not None and got.sampled is not None:
+                event.logprobs = [got.sampled]
+                if not req.prompt_logprobs_sent:
+                    event.prompt_logprobs, req.prompt_logprobs = req.prompt_logprobs, None
+                    req.prompt_logprobs_sent = True
             self._outbox.append((req, event))
         self.stats.num_steps += 1
+
+    def _take_logprobs(self, batch: ScheduledStep) -> dict[int, InputLogprobs] | None:
+        """This step's log-probabilities by sequence, the prompt's gathered on their requests
+        (a chunk recomputed after a preemption adds no position twice); None, at no cost, when
+        no input asked."""
+        if all(inp.logprobs is None for inp in batch.inputs):
+            return None
+        take = getattr(self.runner, "take_logprobs", None)
+        by_input: dict[int, InputLogprobs] = take() if take is not None else {}
+        out: dict[int, InputLogprobs] = {}
+        for i, got in by_input.items():
+            seq = batch.seqs[i]
+            out[seq.seq_id] = got
+            req = self._requests[seq.seq_id]
+            if got.prompt and not req.prompt_logprobs_sent:
+                have = req.prompt_logprobs if req.prompt_logprobs is not None else []
+                last = have[-1].position if have else 0
+                have.extend(t for t in got.prompt if t.position > last)
+                req.prompt_logprobs = have
+        return out
 
     @staticmethod
     def _final(

@@ -38,6 +38,11 @@ class GenerationRequest:
     ignore_eos: bool = False
     stop: list[str] = field(default_factory=list)
     model: str | None = None
+    # OpenAI completions: top-k log-probabilities per token (None: not asked), the prompt echoed
+    # (with its log-probabilities when asked), and vLLM's token_id:N keys instead of token text.
+    logprobs: int | None = None
+    echo: bool = False
+    tokens_as_ids: bool = False
 
 
 def _number(body: dict[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -112,10 +117,15 @@ def parse_request(body: Any, tokenizer: Tokenizer, *, chat: bool) -> GenerationR
     max_tokens = body.get(key)
     if max_tokens is None and not chat:
         max_tokens = DEFAULT_MAX_TOKENS  # OpenAI's completions default
+    echo = False if chat else _flag(body, "echo")
+    least = 0 if echo else 1  # echo with max_tokens 0: the prompt (and its logprobs) only
     if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < least
     ):
-        raise BadRequestError(f"{key} must be a positive integer, got {max_tokens!r}", key)
+        raise BadRequestError(
+            f"{key} must be an integer of at least {least}, got {max_tokens!r}", key
+        )
+    logprobs = _logprobs(body, chat)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise BadRequestError(f"seed must be an integer, got {seed!r}", "seed")
@@ -141,7 +151,32 @@ def parse_request(body: Any, tokenizer: Tokenizer, *, chat: bool) -> GenerationR
         ignore_eos=_flag(body, "ignore_eos"),
         stop=stop,
         model=model if isinstance(model, str) else None,
+        logprobs=logprobs,
+        echo=echo,
+        tokens_as_ids=_flag(body, "return_tokens_as_token_ids"),
     )
+
+
+MAX_LOGPROBS = 1000  # top-k per token; vLLM's default cap is 20, a scorer may want more
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> int | None:
+    """Completions: ``logprobs: k``. Chat: ``logprobs: true`` with ``top_logprobs: k``."""
+    if chat:
+        if not _flag(body, "logprobs"):
+            if body.get("top_logprobs") is not None:
+                raise BadRequestError("top_logprobs needs logprobs: true", "top_logprobs")
+            return None
+        key, value = "top_logprobs", body.get("top_logprobs", 0)
+    else:
+        key, value = "logprobs", body.get("logprobs")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_LOGPROBS:
+        raise BadRequestError(
+            f"{key} must be an integer between 0 and {MAX_LOGPROBS}, got {value!r}", key
+        )
+    return value
 
 
 class IncrementalDetokenizer:

@@ -35,9 +35,16 @@ from infertune.engine.config import LlamaConfig
 from infertune.engine.cuda_graphs import DecodeGraphs
 from infertune.engine.model import BatchMeta, LlamaModel, PrefillChunk
 from infertune.engine.quant import UnsupportedConfig
-from infertune.engine.step import SamplingParams, StepInput
+from infertune.engine.step import InputLogprobs, SamplingParams, StepInput, TokenLogprob
 
-__all__ = ["ModelRunner", "SamplingParams", "StepInput", "UnsupportedConfig"]
+__all__ = [
+    "InputLogprobs",
+    "ModelRunner",
+    "SamplingParams",
+    "StepInput",
+    "TokenLogprob",
+    "UnsupportedConfig",
+]
 
 DEFAULT_KV_CACHE_BYTES = 256 * 1024 * 1024
 # Steps of at least this many tokens run on the prefill thread count. Measured on this 2-core
@@ -98,6 +105,10 @@ class ModelRunner:
         total_blocks = self.num_kv_blocks + (1 if cuda_graph else 0)
         self.kv_cache = self.model.allocate_kv_cache(total_blocks, kv_block_size)
         self._generator = torch.Generator(device="cpu").manual_seed(seed)
+        # Set by forward_logits only for a step in which some input asked for log-probabilities.
+        self._score_logits: torch.Tensor | None = None
+        self._score_spans: dict[int, tuple[int, int]] = {}
+        self._logprobs: dict[int, InputLogprobs] = {}
         self.cuda_graph = cuda_graph
         self._graphs: DecodeGraphs | None = None
         if cuda_graph:
@@ -130,6 +141,46 @@ class ModelRunner:
         out: list[int | None] = [None] * len(batch)
         for i, tok in zip(sampled_inputs, tokens, strict=True):
             out[i] = tok
+        if self._score_logits is not None:  # some input asked for log-probabilities
+            self._logprobs = self._gather_logprobs(batch, logits, sampled_inputs, out)
+        return out
+
+    def take_logprobs(self) -> dict[int, InputLogprobs]:
+        """The last :meth:`execute`'s log-probabilities by input index (only inputs that asked
+        for them, ``StepInput.logprobs``); empty when none did. Cleared by the call."""
+        out, self._logprobs = self._logprobs, {}
+        return out
+
+    def _gather_logprobs(
+        self,
+        batch: list[StepInput],
+        logits: torch.Tensor,
+        sampled_inputs: list[int],
+        tokens: list[int | None],
+    ) -> dict[int, InputLogprobs]:
+        """Log-softmax (of the raw logits, before temperature: what vLLM reports by default)
+        and top-k for the inputs that asked; computed here only, never on a step that did not."""
+        score_logits, score_spans = self._score_logits, self._score_spans
+        self._score_logits, self._score_spans = None, {}
+        assert score_logits is not None
+        out: dict[int, InputLogprobs] = {}
+        rows = {i: r for r, i in enumerate(sampled_inputs)}
+        for i, step in enumerate(batch):
+            if step.logprobs is None:
+                continue
+            k = max(0, step.logprobs)
+            got = InputLogprobs()
+            span = score_spans.get(i)
+            if span is not None and step.score_ids:
+                start, stop = span
+                got.prompt = _logprob_rows(
+                    score_logits[start:stop], step.score_ids, step.start_pos + 1, k
+                )
+            tok = tokens[i]
+            if i in rows and tok is not None:
+                position = step.start_pos + len(step.token_ids)
+                got.sampled = _logprob_rows(logits[rows[i] : rows[i] + 1], [tok], position, k)[0]
+            out[i] = got
         return out
 
     @torch.inference_mode()
@@ -147,8 +198,17 @@ class ModelRunner:
         prefills: list[PrefillChunk] = []
         sample_rows: list[int] = []
         sampled_inputs: list[int] = []
+        score_rows: list[int] = []  # rows whose logits score the prompt's next tokens (echo)
+        score_spans: dict[int, tuple[int, int]] = {}  # input -> its span of score_rows
+        wants_logprobs = False
         for i in order:
             step = batch[i]
+            if step.logprobs is not None:
+                wants_logprobs = True
+                if step.score_ids:
+                    first = len(score_rows)
+                    score_rows.extend(range(len(tokens), len(tokens) + len(step.score_ids)))
+                    score_spans[i] = (first, len(score_rows))
             n = len(step.token_ids)
             end = step.start_pos + n
             self._check(step, end)
@@ -170,6 +230,11 @@ class ModelRunner:
         width = max((len(t) for t in decode_tables), default=0)
         padded = [t + [0] * (width - len(t)) for t in decode_tables]
         dev = self.device
+        wanted = sample_rows
+        if score_rows:
+            # One row list, ascending (the model takes every row in order when it covers them
+            # all); sampled and scored rows never overlap: a sampled row's next token is unknown.
+            wanted = sorted([*sample_rows, *score_rows])
 
         def ints(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64, device=dev)
@@ -184,7 +249,7 @@ class ModelRunner:
             ),
             decode_context_lens=ints(decode_lens),
             prefills=prefills,
-            sample_rows=ints(sample_rows),
+            sample_rows=ints(wanted),
         )
         if self.threads is not None:  # cheap (0.2 us): set per step, no state to restore
             small, large = self.threads
@@ -199,6 +264,14 @@ class ModelRunner:
             logits = graphs.run(ints(tokens), meta)
         else:
             logits = self.model.forward(ints(tokens), meta, self.kv_cache)
+        if wants_logprobs:
+            self._score_spans = score_spans
+            if score_rows:
+                at = {r: j for j, r in enumerate(wanted)}
+                self._score_logits = logits[[at[r] for r in score_rows]]
+                logits = logits[[at[r] for r in sample_rows]]
+            else:
+                self._score_logits = logits[:0]
         return logits, sampled_inputs
 
     @torch.inference_mode()
@@ -276,3 +349,19 @@ class ModelRunner:
                 probs = torch.zeros_like(probs).scatter_(0, idx[keep], sorted_p[keep])
             out.append(int(torch.multinomial(probs, 1, generator=gen).item()))
         return out
+
+
+def _logprob_rows(
+    logits: torch.Tensor, token_ids: list[int], first_position: int, k: int
+) -> list[TokenLogprob]:
+    """Per row: the log-probability of ``token_ids[row]`` and the ``k`` most likely tokens."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logp.gather(1, torch.tensor(token_ids, device=logp.device).view(-1, 1)).view(-1)
+    top_v, top_i = logp.topk(min(k, logp.shape[-1]), dim=-1) if k else (logp[:, :0],) * 2
+    chosen_l, vals, ids = chosen.tolist(), top_v.tolist(), top_i.tolist()
+    return [
+        TokenLogprob(
+            first_position + r, token_ids[r], chosen_l[r], list(zip(ids[r], vals[r], strict=True))
+        )
+        for r in range(len(token_ids))
+    ]

@@ -56,6 +56,8 @@ class Sequence:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_token_ids: frozenset[int] = frozenset()
     ignore_eos: bool = False
+    logprobs: int | None = None  # top-k log-probabilities per token (None: none computed)
+    prompt_logprobs: bool = False  # the prompt's too (OpenAI echo), with ``logprobs`` of them
     output_ids: list[int] = field(default_factory=list)
     num_computed: int = 0  # positions whose KV is in the cache
     status: SeqStatus = SeqStatus.WAITING
@@ -233,6 +235,8 @@ class Scheduler:
                     block_table=list(self.bm.block_table(seq.seq_id)),
                     sample=start + n == seq.num_tokens,
                     sampling=seq.sampling,
+                    logprobs=seq.logprobs,
+                    score_ids=self._score_ids(seq, start, n),
                 )
             )
         return ScheduledStep(seqs, inputs, preempted)
@@ -267,6 +271,15 @@ class Scheduler:
         return failed
 
     # ---- helpers ------------------------------------------------------------------------------
+    @staticmethod
+    def _score_ids(seq: Sequence, start: int, n: int) -> list[int] | None:
+        """The prompt tokens that follow positions ``[start, start + n)``, when ``seq`` wants
+        its prompt's log-probabilities (None otherwise, and past the prompt)."""
+        if not seq.prompt_logprobs or seq.logprobs is None:
+            return None
+        stop = min(start + n + 1, len(seq.prompt_ids))
+        return seq.prompt_ids[start + 1 : stop] if stop > start + 1 else None
+
     def _fit(self, seq: Sequence, n: int) -> int:
         """How many of ``n`` next tokens of ``seq`` the free blocks can hold."""
         have = len(self.bm.block_table(seq.seq_id)) + self.bm.num_free_blocks

@@ -20,6 +20,7 @@ from aiohttp import web
 from tokenizers import Tokenizer
 
 from infertune.engine.engine import EngineFrontend, EngineOverloadedError, TokenEvent
+from infertune.engine.logprobs import TokenText, chat_logprobs, completion_logprobs
 from infertune.engine.metrics import CONTENT_TYPE, EngineMetrics
 from infertune.engine.protocol import (
     BadRequestError,
@@ -28,6 +29,7 @@ from infertune.engine.protocol import (
     parse_request,
 )
 from infertune.engine.scheduler import RequestRejectedError
+from infertune.engine.step import TokenLogprob
 
 __all__ = ["EngineServer", "start_server"]
 
@@ -55,11 +57,22 @@ class _Stream:
     error: str | None = None
     done: bool = False
     queue_time: float | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # only when the request asked
+    prompt_logprobs: list[TokenLogprob] | None = None
+
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: the engine makes one token, the client gets none."""
+        return self.request.echo and self.request.max_tokens == 0
 
     def take(self, event: TokenEvent) -> str:
         """Apply one engine event; the new text it contributes (stop strings honoured)."""
         if event.queue_time is not None:
             self.queue_time = event.queue_time
+        if event.logprobs:
+            self.logprobs.extend(event.logprobs)
+        if event.prompt_logprobs is not None:
+            self.prompt_logprobs = event.prompt_logprobs
         self.token_times.extend([event.time] * len(event.token_ids))
         delta = self.detok.add(event.token_ids) if event.token_ids else ""
         if event.finished:
@@ -80,6 +93,7 @@ class _Stream:
 
     def usage(self) -> dict[str, int]:
         n_prompt, n_out = len(self.request.prompt_ids), len(self.token_times)
+        n_out = 0 if self.echo_only else n_out
         return {
             "prompt_tokens": n_prompt,
             "completion_tokens": n_out,
@@ -157,9 +171,11 @@ class EngineServer:
         try:
             seq_id, queue = self.engine.add_request(
                 req.prompt_ids,
-                max_tokens=max_tokens,
+                max_tokens=max(1, max_tokens),  # echo with 0: one token, never shown (as vLLM)
                 sampling=req.sampling,
                 ignore_eos=req.ignore_eos,
+                logprobs=req.logprobs,
+                prompt_logprobs=req.echo and req.logprobs is not None,
             )
         except RequestRejectedError as exc:
             return _error(400, str(exc), "invalid_request_error", "max_tokens")
@@ -208,6 +224,9 @@ class EngineServer:
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         encode = _ChunkEncoder(rid, chat, self.model_name, stream.request.include_usage)
         first = True
+        req = stream.request
+        text = TokenText(self.tokenizer, req.tokens_as_ids)
+        offset = 0  # text offset of the next token, for completions' logprobs
         while not stream.done:
             events = [await stream.queue.get()]
             while not stream.queue.empty():  # a slow reader gets the backlog in one write
@@ -218,7 +237,24 @@ class EngineServer:
                     break
                 delta = self._record(stream, event)
                 finish = stream.finish_reason if stream.done else None
-                out += encode(delta, finish, first)
+                if first and req.echo:
+                    prompt = self.tokenizer.decode(req.prompt_ids)
+                    lp = self._prompt_logprobs(stream, text) if req.logprobs is not None else None
+                    offset = len(prompt)
+                    out += encode(prompt, finish if stream.echo_only else None, True, lp)
+                    first = False
+                    if stream.echo_only:
+                        break
+                lp = None
+                if req.logprobs is not None and event.logprobs:
+                    ids = [e.token_id for e in event.logprobs]
+                    lp = (
+                        chat_logprobs(event.logprobs, text)
+                        if chat
+                        else completion_logprobs(ids, list(event.logprobs), text, offset)
+                    )
+                    offset += sum(len(text(t)) for t in ids)
+                out += encode(delta, finish, first, lp)
                 first = False
             if stream.done:
                 if stream.error is not None:
@@ -242,7 +278,19 @@ class EngineServer:
             "choices": choices,
         }
 
+    def _prompt_entries(self, stream: _Stream) -> list[TokenLogprob | None]:
+        """The prompt's log-probabilities by token: None for the first, and for any the engine
+        did not send (it always sends them all)."""
+        n = len(stream.request.prompt_ids)
+        by_position = {e.position: e for e in stream.prompt_logprobs or []}
+        return [by_position.get(p) for p in range(n)]
+
+    def _prompt_logprobs(self, stream: _Stream, text: TokenText) -> dict[str, Any]:
+        return completion_logprobs(stream.request.prompt_ids, self._prompt_entries(stream), text)
+
     def _full_body(self, stream: _Stream, chat: bool) -> dict[str, Any]:
+        req = stream.request
+        text = TokenText(self.tokenizer, req.tokens_as_ids)
         if chat:
             message = {"role": "assistant", "content": stream.text}
             choice: dict[str, Any] = {
@@ -250,6 +298,8 @@ class EngineServer:
                 "message": message,
                 "finish_reason": stream.finish_reason,
             }
+            if req.logprobs is not None:
+                choice["logprobs"] = chat_logprobs(stream.logprobs, text)
         else:
             choice = {
                 "index": 0,
@@ -257,6 +307,17 @@ class EngineServer:
                 "logprobs": None,
                 "finish_reason": stream.finish_reason,
             }
+            out_ids = [] if stream.echo_only else stream.detok.ids
+            entries: list[TokenLogprob | None] = list(stream.logprobs[: len(out_ids)])
+            if req.echo:
+                prompt = self.tokenizer.decode(req.prompt_ids)
+                choice["text"] = prompt + ("" if stream.echo_only else stream.text)
+            if req.logprobs is not None:
+                ids = list(out_ids)
+                if req.echo:
+                    ids = req.prompt_ids + ids
+                    entries = self._prompt_entries(stream) + entries
+                choice["logprobs"] = completion_logprobs(ids, entries, text)
         return {
             "id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
             "object": "chat.completion" if chat else "text_completion",
@@ -281,12 +342,16 @@ class _ChunkEncoder:
         self.chat = chat
         self.suffix = "}]" + (', "usage": null' if include_usage else "") + "}\n\n"
 
-    def __call__(self, text: str, finish: str | None, first: bool) -> bytes:
+    def __call__(
+        self, text: str, finish: str | None, first: bool, logprobs: dict[str, Any] | None = None
+    ) -> bytes:
         if self.chat:
             role = ', "role": "assistant"' if first else ""
             body = f'"delta": {{"content": {json.dumps(text)}{role}}}'
+            if logprobs is not None:
+                body += f', "logprobs": {json.dumps(logprobs)}'
         else:
-            body = f'"text": {json.dumps(text)}, "logprobs": null'
+            body = f'"text": {json.dumps(text)}, "logprobs": {json.dumps(logprobs)}'
         return (f'{self.prefix}{body}, "finish_reason": {json.dumps(finish)}{self.suffix}').encode()
 
 

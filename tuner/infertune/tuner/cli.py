@@ -52,6 +52,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds without a heartbeat after which another worker's RUNNING trial is failed",
     )
     p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="this process is one of N workers sharing the study (budget.parallelTrials; the "
+        "operator's tuning Job passes it): the storage must reach every worker (PostgreSQL)",
+    )
+    p.add_argument(
         "--gpu-hourly-price",
         action="append",
         default=[],
@@ -164,6 +171,11 @@ def tune_main(argv: list[str]) -> int:
         return _fail(args.termination_message, "", str(exc), 2)
     study = args.study_name or f"{args.spec.stem}-{spec_hash(args.spec)}"
     storage = args.storage or f"sqlite:///{(args.out / 'study.db').resolve()}"
+    from infertune.tuner.study import shared_storage_problem
+
+    unshared = shared_storage_problem(storage, args.workers)
+    if unshared is not None:
+        return _fail(args.termination_message, study, unshared, 2)
     import warnings
 
     import optuna

@@ -99,10 +99,10 @@ def resolve_model(source: ModelSource, quantization: str | None = None, engine: 
     if uri != source.uri:
         return resolve_model(source.model_copy(update={"uri": uri, "variants": None}))
     scheme = source.scheme
-    if scheme == "builtin":
-        from infertune.engine.make_model import ensure_model
+    if scheme == "builtin":  # a generated random-weight size or a converted pretrained model
+        from infertune.engine.pretrained import ensure_builtin
 
-        return ensure_model(urlparse(source.uri).netloc)
+        return ensure_builtin(urlparse(source.uri).netloc)
     local = pod_path(source.uri)
     if scheme == "file" and local is not None:
         path = Path(local)

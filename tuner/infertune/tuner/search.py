@@ -28,9 +28,11 @@ from infertune.tuner.study import (
     SEED_ATTR,
     Heartbeat,
     counted,
-    fail_stale,
+    in_flight,
     params_of,
+    settle,
     suggest,
+    wait_for_slot,
 )
 from infertune.tuner.verdict import figure_key
 
@@ -190,17 +192,26 @@ def run_study(
     asks = 0
     while True:
         # Before every trial, not only at start: a retried Job pod starts well within the grace
-        # period, and the trial its killed predecessor left RUNNING goes stale only later.
-        fail_stale(study, stale_after)
-        if len(counted(study)) >= max_trials or time.monotonic() - started >= max_seconds:
+        # period, and the trial its killed predecessor left RUNNING goes stale only later. The
+        # budget is counted in the storage, other workers' running trials included (study.py).
+        if (
+            not wait_for_slot(study, max_trials, max_seconds, stale_after)
+            or time.monotonic() - started >= max_seconds
+        ):
             break
+        for c, done in recorded(study).items():  # other workers' measurements
+            measured.setdefault(c, done)
         if plan_next is not None and not study.get_trials(
             deepcopy=False, states=(TrialState.WAITING,)
         ):
             planned = plan_next(
                 {c: ev.figures for c, ev in measured.items() if ev.outcome != "failed"}
             )
-            if planned is not None and planned not in measured:
+            if (
+                planned is not None
+                and planned not in measured
+                and planned not in in_flight(study, space)
+            ):
                 study.enqueue_trial(params_of(planned, space), user_attrs={SEED_ATTR: True})
         asks += 1
         if asks > 4 * max_trials + 20:  # the sampler keeps proposing measured points: converged
@@ -232,6 +243,8 @@ def run_study(
         if progress is not None and previous is None:
             best = best_value(study, spec)
             progress(len(counted(study)), max_trials, ev, best)
+    # Other workers' last trials: the result is assembled from the finished study.
+    settle(study, stale_after, timeout=float(spec.budget.trial_timeout) + stale_after + 60)
 
 
 def best_value(study: optuna.Study, spec: TuningSpec) -> float | None:

