@@ -27,6 +27,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "gguf_main",
         "convert a checkpoint to GGUF for llama.cpp",
     ),
+    "fetch-model": (
+        "infertune.tuner.fetch_cli",
+        "fetch_model_main",
+        "fetch hf:// models into the model cache (pods' init step)",
+    ),
     "operator": ("infertune.operator.main", "operator_main", "run the Kubernetes operator (kopf)"),
 }
 

@@ -102,7 +102,8 @@ def derive_phase(status: InferenceServiceStatus) -> str:
     serving = rolled is not None and rolled.status == "True"
     if tuning_now:
         return "Retuning" if status.live is not None else "Tuning"
-    if tuned is not None and tuned.status == "False" and tuned.reason == "TuningFailed":
+    failed_run = ("TuningFailed", "ModelFetchFailed")
+    if tuned is not None and tuned.status == "False" and tuned.reason in failed_run:
         return "Failed" if not serving else "Degraded"
     if serving:
         if slo is not None and slo.status == "False":

@@ -32,6 +32,15 @@ def pod_summary(body: Any) -> dict[str, Any]:
         out["unschedulable"] = (
             scheduled.get("message") or scheduled.get("reason") or "Unschedulable"
         )
+    for cs in st.get("initContainerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        if term.get("exitCode"):
+            # A failed init step (the hf:// fetch): its exit code and message say why.
+            out["init_failed"] = {
+                "container": cs.get("name"),
+                "exit_code": term.get("exitCode"),
+                "message": term.get("message"),
+            }
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
         if term:

@@ -77,6 +77,15 @@ class OperatorSettings(BaseModel):
         default_factory=lambda: dict(DEFAULT_GPU_HOURLY_PRICES),
         description="USD per GPU-hour by GPU product, for the cost-per-token objective.",
     )
+    model_cache_claim: str | None = Field(
+        default=None, description="PVC (in each service's namespace) for hf:// models."
+    )
+    model_cache_size: str | None = Field(
+        default=None, description="sizeLimit of the per-pod emptyDir cache without a claim."
+    )
+    hf_endpoint: str | None = Field(
+        default=None, description="HF_ENDPOINT of the fetch-model init step (a Hub mirror)."
+    )
 
     @field_validator("storage_secret")
     @classmethod
@@ -179,6 +188,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PRODUCT=USD",
         help="USD per GPU-hour of a GPU product (cost-per-token); adds to or replaces a default",
     )
+    p.add_argument(
+        "--model-cache-claim",
+        default=env("INFERTUNE_MODEL_CACHE_CLAIM"),
+        help="PVC name (in each service's namespace) that hf:// models are fetched into once",
+    )
+    p.add_argument(
+        "--model-cache-size",
+        default=env("INFERTUNE_MODEL_CACHE_SIZE"),
+        help="sizeLimit of the per-pod emptyDir model cache when no claim is named",
+    )
+    p.add_argument(
+        "--hf-endpoint",
+        default=env("INFERTUNE_HF_ENDPOINT"),
+        help="Hugging Face Hub endpoint (a mirror) for the fetch-model init step",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -207,6 +231,9 @@ def settings_from_args(args: argparse.Namespace) -> OperatorSettings:
         monitor_tick_s=args.monitor_tick,
         min_requests_for_drift=args.drift_min_requests,
         gpu_hourly_prices={**DEFAULT_GPU_HOURLY_PRICES, **dict(args.gpu_hourly_price)},
+        model_cache_claim=args.model_cache_claim or None,
+        model_cache_size=args.model_cache_size or None,
+        hf_endpoint=args.hf_endpoint or None,
     )
 
 

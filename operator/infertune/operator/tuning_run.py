@@ -10,11 +10,13 @@ from typing import Any
 
 from infertune.operator.api import TuningRun
 from infertune.operator.builders import RunPlan, desired_job, desired_spec_configmap
+from infertune.operator.builders.deployment import served_uri
 from infertune.operator.builders.job import pod_tuning_spec
 from infertune.operator.conditions import get_condition, parse_iso
 from infertune.operator.context import Ctx, commit, load_owner, load_status, log
 from infertune.operator.drift import beats_live
 from infertune.operator.hashing import config_hash, digest, run_hash, tuning_hash
+from infertune.operator.model_fetch import describe_failure, fetch_failure, is_permanent
 from infertune.operator.pods import pod_summary
 from infertune.operator.rollout import deployment_state, describe, on_deployment, replace_live
 from infertune.operator.runtime import Runtime
@@ -110,9 +112,12 @@ async def ingest_job(
     pods: list[dict[str, Any]],
     nodes: dict[str, GpuIdentity | None],
 ) -> None:
-    """A tuning Job finished: read the tuner's summary from the pod's termination message."""
+    """A tuning Job finished: read the tuner's summary from the pod's termination message. A Job
+    whose hf:// fetch failed for good ends the run before the Job's own retries (fetch_failed)."""
     outcome = _job_finished(job)
     if outcome is None:
+        if (job.get("status") or {}).get("failed"):
+            await fetch_failed(rt, job)
         return
     meta = job["metadata"]
     ctx = await load_owner(rt, meta["namespace"], meta["labels"]["infertune.dev/inferenceservice"])
@@ -123,7 +128,16 @@ async def ingest_job(
         return  # superseded, or already ingested (a restart replays every Job)
     # Read the Job's pods now: the pod watch may not have delivered the terminated state yet.
     found = await rt.kube.list("Pod", meta["namespace"], f"job-name={meta['name']}")
-    pod = _job_pod([pod_summary(p) for p in found] or pods, meta["name"])
+    summaries = [pod_summary(p) for p in found] or pods
+    pod = _job_pod(summaries, meta["name"])
+    failed_fetch = fetch_failure(summaries) if pod is None else None
+    if failed_fetch is not None:  # no pod got past its fetch: say which field and why
+        _fetch_run_failed(ctx, failed_fetch)
+        rt.metrics.tuning_runs.labels(run.reason or "", "failed").inc()
+        await commit(ctx)
+        return
+    if ctx.isvc.spec.model.hf_uris() and outcome == "Complete":
+        ctx.condition("ModelFetched", "True", "Fetched", "hf:// model in the model cache")
     summary = parse_summary(pod.get("message") if pod else None)
     run.finished_at = ctx.now
     started = parse_iso(run.started_at)
@@ -156,6 +170,39 @@ def _run_failed(ctx: Ctx, reason: str, why: str) -> None:
         ctx.condition("Profiled", "False", reason, why)
     ctx.history("TuningFailed", (run.reason if run else None) or "", why)
     ctx.event("Warning", reason, why)
+
+
+def _fetch_run_failed(ctx: Ctx, failed: dict[str, Any]) -> None:
+    """The run ends on a failed fetch: ModelFetched False with the field and the Hub's answer,
+    Tuned False (ModelFetchFailed), history and a Warning event."""
+    run = ctx.status.tuning
+    reason, message, _ = describe_failure(ctx.isvc, failed)
+    if run is not None:
+        run.finished_at = ctx.now
+    ctx.condition("ModelFetched", "False", reason, message)
+    _run_failed(ctx, "ModelFetchFailed", message)
+    ctx.event("Warning", reason, message)
+
+
+async def fetch_failed(rt: Runtime, job: dict[str, Any]) -> None:
+    """A pod of a running Job failed: when its fetch failed for good (a missing repository or
+    revision, a refused token), end the run now and delete the Job, so neither the Job's
+    backoffLimit retries nor a cluster without podFailurePolicy (before 1.26) fetch again."""
+    meta = job["metadata"]
+    found = await rt.kube.list("Pod", meta["namespace"], f"job-name={meta['name']}")
+    failed = fetch_failure([pod_summary(p) for p in found])
+    if failed is None or not is_permanent(failed):
+        return
+    ctx = await load_owner(rt, meta["namespace"], meta["labels"]["infertune.dev/inferenceservice"])
+    if ctx is None:
+        return
+    run = ctx.status.tuning
+    if run is None or run.job != meta["name"] or run.finished_at is not None:
+        return
+    _fetch_run_failed(ctx, failed)
+    rt.metrics.tuning_runs.labels(run.reason or "", "failed").inc()
+    await commit(ctx)
+    await rt.kube.delete("Job", meta["namespace"], meta["name"])
 
 
 async def resync_children(
@@ -263,7 +310,8 @@ async def _ingest_summary(
         ctx.event("Warning", "NoConfiguration", why)
         return
     image = ctx.rt.settings.image_for(config.candidate().engine)
-    config.config_hash = config_hash(config, ctx.isvc.spec.model.uri, image)
+    # The served URI, as the Deployment hashes it (a variant's, or a pinned hf:// revision).
+    config.config_hash = config_hash(config, served_uri(ctx.isvc, config), image)
     st.best = config
     trials = f"{summary.trials_completed}/{summary.trials_total} trials"
     if summary.status == "succeeded":

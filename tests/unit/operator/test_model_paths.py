@@ -8,7 +8,7 @@ import pytest
 
 from infertune.operator.builders import common
 from infertune.operator.builders.common import model_location
-from infertune.tuner import models
+from infertune.tuner import hub_fetch, models
 from infertune.tuner.api import ModelSource, TuningSpec
 from infertune.tuner.models import MODELS_ROOT, resolve_model
 
@@ -69,7 +69,32 @@ def test_the_tuning_pod_gets_the_mounted_path_the_tuner_would_resolve(
     assert resolve_model(in_pod) == resolve_model(spec.model) == tmp_path / "weights" / "llama"
 
 
-@pytest.mark.parametrize("uri", ["hf://org/llama", "builtin://tiny"])
-def test_no_volume_for_models_that_are_not_on_a_volume(uri: str) -> None:
+def test_no_volume_for_builtin_models() -> None:
+    uri = "builtin://tiny"
     assert model_location(uri) == (uri, [], [])
     assert models.pod_path(uri) is None
+
+
+@pytest.mark.parametrize(
+    ("uri", "path"),
+    [
+        ("hf://org/llama", "/mnt/model-cache/hf/org/llama/main"),
+        ("hf://org/llama@v1.0", "/mnt/model-cache/hf/org/llama/v1.0"),
+        ("hf://gpt2@refs/pr/3", "/mnt/model-cache/hf/gpt2/refs%2Fpr%2F3"),
+    ],
+)
+def test_an_hf_model_is_on_the_cache_volume_where_the_tuner_looks(
+    uri: str, path: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine's path (model_location) is the tuner's (hf_local_dir) under the mount point,
+    which the pods tell the tuner in $INFERTUNE_MODEL_CACHE; no per-URI volume (model_cache)."""
+    assert model_location(uri) == (path, [], [])
+    monkeypatch.setenv(models.CACHE_ENV, models.MODEL_CACHE_ROOT)
+    assert str(models.hf_local_dir(uri)) == path
+    # A fetched directory there is what resolve_model returns, no network involved.
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    local = models.hf_local_dir(uri)
+    local.mkdir(parents=True)
+    (local / hub_fetch.FETCHED_MARKER).write_text("{}")
+    assert resolve_model(ModelSource(uri=uri)) == local
+    assert str(local).removeprefix(str(tmp_path)) == path.removeprefix(models.MODEL_CACHE_ROOT)

@@ -65,7 +65,8 @@ def test_the_spec_method_and_uri_when_the_summary_has_none() -> None:
     argv = serving_argv(
         isvc, ServingConfig(engine="sglang", quantization="int8", **KNOBS), settings
     )
-    assert flag(argv, "--model-path") == "hf://org/llama-W8A8"
+    # An hf:// variant is served from the model cache, where the pod's fetch step puts it.
+    assert flag(argv, "--model-path") == "/mnt/model-cache/hf/org/llama-W8A8/main"
     assert flag(argv, "--quantization") == "compressed-tensors"
 
 

@@ -8,7 +8,16 @@ only when a builtin:// model is resolved.
     pvc://CLAIM/sub   -> the claim mounted read-only at /mnt/models/CLAIM, files at /mnt/models/CLAIM/sub
     file:///dir       -> the node's directory, mounted at the same path (/dir)
     /dir (plain path) -> as file:///dir (taken literally: '#', '?' and ';' are part of the name)
-    hf://, builtin:// -> no volume; builtin:// is generated locally, hf:// cannot be tuned standalone
+    hf://REPO[@REV]   -> the model cache volume at /mnt/model-cache, files at
+                         /mnt/model-cache/hf/REPO/REV (REV: the URI's, else model.revision, else
+                         main; quoted when it holds '/'), written by the pod's fetch-model init step
+                         (hub_fetch.py); standalone, the same code fetches into the local cache
+    builtin://        -> no volume; generated locally
+
+The tuner looks for hf:// files under $INFERTUNE_MODEL_CACHE (the operator sets it to the mount
+point in its pods), else /mnt/model-cache when it exists, else ~/.cache/infertune/models; an hf://
+directory counts only once its fetch finished (hub_fetch.FETCHED_MARKER), so a half-written download
+is never loaded.
 
 A precision with a pre-quantized checkpoint (model.variants.<q>) is served by vLLM/SGLang from that
 checkpoint's URI, by the same rules (`model_uri`); its --quantization method is the spec's, else the
@@ -18,12 +27,16 @@ checkpoint's config.json `quantization_config.quant_method` when it is local (`v
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
-from infertune.tuner.api.model import ModelSource
+from infertune.tuner.api.model import ModelSource, split_hf_uri
+from infertune.tuner.hub_fetch import FetchError, fetch, fetched, hf_location
 
 MODELS_ROOT = "/mnt/models"  # where a pod finds its pvc:// claims
+MODEL_CACHE_ROOT = "/mnt/model-cache"  # where a pod finds its hf:// models (the cache volume)
+CACHE_ENV = "INFERTUNE_MODEL_CACHE"  # the cache root as the process sees it
 
 
 def scheme_of(uri: str) -> str:
@@ -36,8 +49,24 @@ def claim_mount(claim: str) -> str:
     return f"{MODELS_ROOT}/{claim}"
 
 
+def hf_subdir(repo: str, revision: str) -> str:
+    """The directory of one repository at one revision, relative to the cache root: one per
+    revision, so a service pinned to a commit never sees another revision's files."""
+    return f"hf/{repo}/{quote(revision, safe='')}"
+
+
+def pinned_uri(source: ModelSource, uri: str | None = None) -> str:
+    """`uri` (default model.uri) with model.revision written into it when it is model.uri's own
+    hf:// URI, so a URI alone says where its files are (variants pin theirs in their URI)."""
+    uri = source.uri if uri is None else uri
+    if uri != source.uri or source.scheme != "hf":
+        return uri
+    repo, _ = split_hf_uri(uri)
+    return f"hf://{repo}@{source.hf_revision}"
+
+
 def pod_path(uri: str) -> str | None:
-    """Where a pod sees the model's files, or None when no volume carries them (hf://, builtin://)."""
+    """Where a pod sees the model's files, or None when no volume carries them (builtin://)."""
     parsed = urlparse(uri)
     if not parsed.scheme:
         return uri
@@ -45,7 +74,25 @@ def pod_path(uri: str) -> str | None:
         return claim_mount(parsed.netloc) + parsed.path.rstrip("/")
     if parsed.scheme == "file":
         return parsed.path
+    if parsed.scheme == "hf":
+        return f"{MODEL_CACHE_ROOT}/{hf_subdir(*hf_location(uri))}"
     return None
+
+
+def cache_root() -> Path:
+    """The hf:// cache as this process sees it: $INFERTUNE_MODEL_CACHE (set in the operator's
+    pods to the mount point), else the mount point when it exists, else the user's cache."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env)
+    if Path(MODEL_CACHE_ROOT).is_dir():
+        return Path(MODEL_CACHE_ROOT)
+    return Path.home() / ".cache" / "infertune" / "models"
+
+
+def hf_local_dir(uri: str, root: Path | None = None) -> Path:
+    """The directory an hf:// URI's files are fetched into under `root` (default cache_root())."""
+    return (root or cache_root()) / hf_subdir(*hf_location(uri))
 
 
 # The engines that serve a pre-quantized checkpoint for int8/int4; the others quantize model.uri.
@@ -60,7 +107,11 @@ def model_uri(source: ModelSource, quantization: str | None = None, engine: str 
 
 
 def _local_dir(uri: str) -> Path | None:
-    """The URI's directory on this machine when it is there (file://, a path, a mounted pvc://)."""
+    """The URI's directory on this machine when it is there (file://, a path, a mounted pvc://,
+    a fetched hf://)."""
+    if scheme_of(uri) == "hf":
+        local_hf = hf_local_dir(uri)
+        return local_hf if fetched(local_hf) else None
     local = pod_path(uri)
     return Path(local) if local is not None and Path(local).is_dir() else None
 
@@ -97,8 +148,12 @@ def resolve_model(source: ModelSource, quantization: str | None = None, engine: 
     when `engine` serves variants)."""
     uri = model_uri(source, quantization, engine)
     if uri != source.uri:
-        return resolve_model(source.model_copy(update={"uri": uri, "variants": None}))
+        # The variant's own URI pins its revision: model.revision is model.uri's.
+        variant = {"uri": uri, "variants": None, "revision": None}
+        return resolve_model(source.model_copy(update=variant))
     scheme = source.scheme
+    if scheme == "hf":
+        return _resolve_hf(pinned_uri(source))
     if scheme == "builtin":  # a generated random-weight size or a converted pretrained model
         from infertune.engine.pretrained import ensure_builtin
 
@@ -109,7 +164,7 @@ def resolve_model(source: ModelSource, quantization: str | None = None, engine: 
         if not path.exists():
             raise ValueError(f"model.uri {source.uri!r}: {path} does not exist")
         return path
-    # pvc:// is mounted by the operator's pods under MODELS_ROOT; hf:// needs a download step.
+    # pvc:// is mounted by the operator's pods under MODELS_ROOT.
     if scheme == "pvc" and local is not None:
         path = Path(local)
         if path.exists():
@@ -117,5 +172,18 @@ def resolve_model(source: ModelSource, quantization: str | None = None, engine: 
         raise ValueError(f"model.uri {source.uri!r}: expected the claim mounted at {path}")
     raise ValueError(
         f"model.uri {source.uri!r}: scheme {source.scheme!r} cannot be tuned standalone; "
-        "use builtin://, file:// or a path"
+        "use builtin://, hf://, file:// or a path"
     )
+
+
+def _resolve_hf(uri: str) -> Path:
+    """The fetched directory of an hf:// URI: in a pod, where its init step put it; standalone,
+    fetched now into the local cache by the same code (needs the Hub, or $HF_ENDPOINT's mirror;
+    a gated repository needs $HF_TOKEN)."""
+    local = hf_local_dir(uri)
+    if fetched(local):
+        return local
+    try:
+        return fetch(uri, local).directory
+    except FetchError as exc:
+        raise ValueError(f"model.uri {uri!r}: {exc.message}") from exc

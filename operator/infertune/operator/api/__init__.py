@@ -12,12 +12,15 @@ from infertune.operator.api.resource import (
 )
 from infertune.operator.api.spec import (
     Canary,
+    ClusterModelSource,
     DriftThresholds,
     Hardware,
     InferenceServiceSpec,
+    ModelCache,
     RetunePolicy,
     Rollout,
     RolloutStrategy,
+    SecretKeySelector,
     Toleration,
 )
 from infertune.operator.api.status import (
@@ -44,6 +47,7 @@ __all__ = [
     "VERSION",
     "Canary",
     "CanaryRun",
+    "ClusterModelSource",
     "Condition",
     "DriftThresholds",
     "Figures",
@@ -52,11 +56,13 @@ __all__ = [
     "InferenceService",
     "InferenceServiceSpec",
     "InferenceServiceStatus",
+    "ModelCache",
     "Observation",
     "Profile",
     "RetunePolicy",
     "Rollout",
     "RolloutStrategy",
+    "SecretKeySelector",
     "ServingConfig",
     "Toleration",
     "TuningRun",

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from infertune.tuner.api import ApiModel, Duration, TuningSpec
+from infertune.tuner.api import ApiModel, Duration, ModelSource, TuningSpec
 from infertune.tuner.gpu_identity import product_label
 
 RetuneTrigger = Literal["SLOViolation", "TrafficDrift", "HardwareChanged"]
@@ -141,7 +141,74 @@ class LocalObjectReference(ApiModel):
     name: str = Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
+_QUANTITY = r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|K|M|G|T|P)?$"
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+
+
+class SecretKeySelector(ApiModel):
+    """A key of a Secret in the InferenceService's namespace (read by the kubelet, never by the
+    operator, and never logged)."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=_DNS_SUBDOMAIN)
+    key: str = Field(default="token", min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")
+
+
+class ModelCache(ApiModel):
+    """Where hf:// models are fetched to: a claim shared by the service's pods, else an emptyDir
+    per pod."""
+
+    claim_name: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=_DNS_SUBDOMAIN,
+        description="A PersistentVolumeClaim in this namespace, mounted at /mnt/model-cache: each "
+        "repository and revision is fetched into it once and every pod (tuning and serving) reads "
+        "it from there. Pods on several nodes need ReadWriteMany (or ReadOnlyMany once filled). "
+        "Default: the operator's (chart value modelCache.claimName), else an emptyDir per pod.",
+    )
+    size: str | None = Field(
+        default=None,
+        pattern=_QUANTITY,
+        description="sizeLimit of the per-pod emptyDir used when no claim is named (room for the "
+        "checkpoint's files). Default: the chart's modelCache.size, else no limit.",
+    )
+
+
+class ClusterModelSource(ModelSource):
+    """model, plus what only a cluster needs to fetch an hf:// model: its token's Secret and the
+    cache volume. Not part of the tuning spec (a new token or cache never retunes)."""
+
+    token_secret: SecretKeySelector | None = Field(
+        default=None,
+        description="The Secret key holding a Hugging Face token, for gated or private hf:// "
+        "models: given to the fetch-model init step as $HF_TOKEN (secretKeyRef), nowhere else.",
+    )
+    cache: ModelCache | None = None
+
+    def hf_uris(self) -> list[str]:
+        uris = [self.uri] + [v.uri for _, v in (self.variants.items() if self.variants else [])]
+        return [u for u in uris if u.startswith("hf://")]
+
+    @model_validator(mode="after")
+    def _only_for_hf(self) -> ClusterModelSource:
+        if not self.hf_uris():
+            for name, value in (("tokenSecret", self.token_secret), ("cache", self.cache)):
+                if value is not None:
+                    raise ValueError(
+                        f"model.{name} applies to hf:// models only; model.uri {self.uri!r} "
+                        "and its variants are not fetched (remove it)"
+                    )
+        return self
+
+    def tuning_source(self) -> ModelSource:
+        """The tuner's part: the model without its token and cache."""
+        return ModelSource.model_validate(
+            self.model_dump(exclude={"token_secret", "cache"}, exclude_none=True)
+        )
+
+
 class InferenceServiceSpec(TuningSpec):
+    model: ClusterModelSource
     hardware: Hardware = Field(default_factory=Hardware)
     rollout: Rollout = Field(default_factory=Rollout)
     retune: RetunePolicy = Field(default_factory=RetunePolicy)
@@ -161,6 +228,5 @@ class InferenceServiceSpec(TuningSpec):
 
     def tuning_spec(self) -> TuningSpec:
         """The part handed to the tuner; a change elsewhere (replicas, retune policy) never retunes."""
-        return TuningSpec.model_validate(
-            {name: getattr(self, name) for name in TuningSpec.model_fields}
-        )
+        fields = {name: getattr(self, name) for name in TuningSpec.model_fields}
+        return TuningSpec.model_validate({**fields, "model": self.model.tuning_source()})

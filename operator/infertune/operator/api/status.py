@@ -13,6 +13,7 @@ from infertune.tuner.knobs import SERVING_KNOBS, KnobSet
 
 ConditionType = Literal["Profiled", "Tuned", "RolledOut", "SLOMet", "Schedulable", "Ready"]
 CONDITION_TYPES: tuple[str, ...] = (
+    "ModelFetched",
     "Profiled",
     "Tuned",
     "RolledOut",

@@ -7,13 +7,20 @@ from typing import Any
 from urllib.parse import urlparse
 
 from infertune.operator import engine_runtime
-from infertune.operator.api import API_VERSION, KIND, InferenceService
+from infertune.operator.api import API_VERSION, KIND, ClusterModelSource, InferenceService
 from infertune.operator.engine_runtime import PROJECT_IMAGE, EngineRuntime
 from infertune.operator.hashing import digest
 from infertune.operator.settings import OperatorSettings
 from infertune.tuner.api.model import ModelSource
 from infertune.tuner.gpu_identity import PRODUCT_LABEL
-from infertune.tuner.models import claim_mount, pod_path
+from infertune.tuner.models import (
+    CACHE_ENV,
+    MODEL_CACHE_ROOT,
+    claim_mount,
+    pinned_uri,
+    pod_path,
+    scheme_of,
+)
 
 Obj = dict[str, Any]
 
@@ -105,13 +112,16 @@ def model_location(uri: str, volume: str = "model") -> tuple[str, list[Obj], lis
     """Where the pod sees the model, plus the volume and mount that put it there.
 
     pvc://CLAIM/sub -> the claim mounted read-only under /mnt/models/CLAIM; file:///dir -> the node's
-    directory (hostPath) at the same path; hf:// and builtin:// need no volume. The paths come from
+    directory (hostPath) at the same path; hf:// is on the model cache (model_cache), builtin://
+    needs no volume. The paths come from
     infertune.tuner.models, the rules the tuner resolves the same URI with. `volume`: its name.
     """
     path = pod_path(uri)
     if path is None:
         return uri, [], []
     parsed = urlparse(uri)
+    if parsed.scheme == "hf":  # on the model cache volume (model_cache), shared by every hf:// URI
+        return path, [], []
     if parsed.scheme == "pvc":
         claim = parsed.netloc
         mount = claim_mount(claim)
@@ -135,6 +145,91 @@ def model_volumes(source: ModelSource) -> tuple[list[Obj], list[Obj]]:
         vols += more_vols
         mounts += more_mounts
     return vols, mounts
+
+
+MODEL_CACHE_VOLUME = "model-cache"
+FETCH_CONTAINER = "fetch-model"
+FETCH_TERMINATION_LOG = "/dev/termination-log"
+# The fetch needs little: a few HTTP streams written to disk (hf_xet buffers some chunks).
+FETCH_RESOURCES: Obj = {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}}
+
+
+def hf_uris(source: ClusterModelSource, uris: list[str] | None = None) -> list[str]:
+    """The hf:// URIs among `uris` (default: model.uri and every variant), each with its revision
+    pinned (models.pinned_uri), once each."""
+    chosen = source.hf_uris() if uris is None else [u for u in uris if scheme_of(u) == "hf"]
+    return list(dict.fromkeys(pinned_uri(source, u) for u in chosen))
+
+
+def model_cache_volume(isvc: InferenceService, settings: OperatorSettings) -> Obj:
+    """The spec's claim, else the operator's (the chart's), else an emptyDir per pod, sized by
+    the spec or the chart when either says."""
+    cache = isvc.spec.model.cache
+    claim = (cache.claim_name if cache else None) or settings.model_cache_claim
+    if claim:
+        return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
+    size = (cache.size if cache else None) or settings.model_cache_size
+    return {"name": MODEL_CACHE_VOLUME, "emptyDir": {"sizeLimit": size} if size else {}}
+
+
+def fetch_init_container(
+    isvc: InferenceService, settings: OperatorSettings, uris: list[str]
+) -> Obj:
+    """`infertune fetch-model` in the project's image: the hf:// models into the cache volume,
+    once per cache (a filled claim costs no download). The token reaches it only as $HF_TOKEN
+    from the spec's Secret (optional: a missing Secret is reported as the Hub's refusal, not a
+    pod stuck in CreateContainerConfigError); its outcome is its termination message."""
+    env: list[Obj] = [
+        *writable_dirs(PROJECT_IMAGE)[2],
+        {"name": CACHE_ENV, "value": MODEL_CACHE_ROOT},
+        {"name": "HF_HUB_DISABLE_TELEMETRY", "value": "1"},
+    ]
+    if settings.hf_endpoint:
+        env.append({"name": "HF_ENDPOINT", "value": settings.hf_endpoint})
+    ref = isvc.spec.model.token_secret
+    if ref is not None:
+        secret = {"name": ref.name, "key": ref.key, "optional": True}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": secret}})
+    command = [
+        *settings.infertune_command,
+        "fetch-model",
+        *(u.replace("$", "$$") for u in uris),
+        "--termination-message",
+        FETCH_TERMINATION_LOG,
+    ]
+    return {
+        "name": FETCH_CONTAINER,
+        "image": settings.tuner_image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": command,
+        "env": env,
+        "resources": FETCH_RESOURCES,
+        # The project's image: its own user and a read-only root, whatever the engine's.
+        "securityContext": container_security_context(PROJECT_IMAGE),
+        "terminationMessagePath": FETCH_TERMINATION_LOG,
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [
+            *writable_dirs(PROJECT_IMAGE)[1],
+            {"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_ROOT},
+        ],
+    }
+
+
+def model_cache(
+    isvc: InferenceService, settings: OperatorSettings, uris: list[str], have: list[Obj]
+) -> tuple[list[Obj], Obj, list[Obj], list[Obj]]:
+    """What a pod that loads the hf:// `uris` needs: (volumes to add, the read-only mount for the
+    containers that load them, the env that tells the tuner the mount point, the init containers).
+    Empty when none of `uris` is hf://. `have`: the pod's volumes already (the project image's
+    writable dirs are added when missing)."""
+    if not uris:
+        return [], {}, [], []
+    names = {v["name"] for v in have}
+    extra = [v for v in writable_dirs(PROJECT_IMAGE)[0] if v["name"] not in names]
+    volumes = [*extra, model_cache_volume(isvc, settings)]
+    mount = {"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_ROOT, "readOnly": True}
+    env = [{"name": CACHE_ENV, "value": MODEL_CACHE_ROOT}]
+    return volumes, mount, env, [fetch_init_container(isvc, settings, uris)]
 
 
 def placement(isvc: InferenceService, gpu_product: str | None = None) -> Obj:

@@ -11,7 +11,9 @@ from infertune.operator.builders.common import (
     Obj,
     child_name,
     container_security_context,
+    hf_uris,
     metadata,
+    model_cache,
     model_location,
     placement,
     pod_security_context,
@@ -25,7 +27,7 @@ from infertune.operator.engine_runtime import PROJECT_IMAGE
 from infertune.operator.hashing import config_hash
 from infertune.operator.settings import OperatorSettings
 from infertune.tuner.engines import get_adapter
-from infertune.tuner.models import model_uri
+from infertune.tuner.models import model_uri, pinned_uri
 
 HOST = "$(POD_IP)"  # expanded by the kubelet from the downward-API env var below
 
@@ -56,16 +58,17 @@ def serving_argv(
 
 def served_uri(isvc: InferenceService, config: ServingConfig) -> str:
     """The checkpoint the Deployment serves: the spec's pre-quantized variant for the winner's
-    precision on vLLM/SGLang (models.model_uri, the rule the tuner's trial loaded it by)."""
+    precision on vLLM/SGLang (models.model_uri, the rule the tuner's trial loaded it by), an
+    hf:// model.uri with model.revision pinned in it (models.pinned_uri)."""
     knobs = config.candidate()
-    return model_uri(isvc.spec.model, knobs.quantization, knobs.engine)
+    return pinned_uri(isvc.spec.model, model_uri(isvc.spec.model, knobs.quantization, knobs.engine))
 
 
 def quant_methods(isvc: InferenceService, config: ServingConfig) -> dict[str, str | None]:
     """The winner's precision -> its variant's --quantization method: the one the tuner served it
     with (its summary), else the spec's; none when the winner is not served from a variant."""
     knobs = config.candidate()
-    if served_uri(isvc, config) == isvc.spec.model.uri:
+    if model_uri(isvc.spec.model, knobs.quantization, knobs.engine) == isvc.spec.model.uri:
         return {}
     variant = isvc.spec.model.variant(knobs.quantization)
     spec_method = variant.method if variant is not None else None
@@ -107,7 +110,7 @@ def gguf_init_container(
 ) -> Obj:
     """Converts the checkpoint with the project's own converter and quantizer -- the ones the
     tuner's llamacpp trials used -- so the pod serves exactly the weights that were measured."""
-    model, _, _ = model_location(isvc.spec.model.uri)
+    model, _, _ = model_location(pinned_uri(isvc.spec.model))
     command = [
         *settings.infertune_command,
         "gguf",
@@ -190,17 +193,31 @@ def desired_deployment(
         "volumeMounts": [*tmp_mounts, *model_mounts],
     }
     volumes = [*tmp_vols, *model_vols]
-    init: list[Obj] = []
+    # An hf:// checkpoint: fetched into the cache by the init step (nothing to fetch when the
+    # tuning run already filled a shared claim), read-only for the engine.
+    cache_vols, cache_mount, _, init = model_cache(
+        isvc, settings, hf_uris(isvc.spec.model, [served_uri(isvc, config)]), volumes
+    )
+    volumes += cache_vols
+    if cache_mount:
+        container["volumeMounts"].append(cache_mount)
     if needs_gguf(isvc, config):
         gguf_mount = {"name": "gguf", "mountPath": GGUF_DIR}
         volumes.append({"name": "gguf", "emptyDir": {}})
         init_vols, init_mounts, _ = writable_dirs(PROJECT_IMAGE)
         have = {v["name"] for v in volumes}
         volumes += [v for v in init_vols if v["name"] not in have]
-        init.append(
-            gguf_init_container(isvc, config, settings, [*init_mounts, *model_mounts, gguf_mount])
+        cache_mounts = [cache_mount] if cache_mount else []
+        init.append(  # after the fetch: it converts the fetched files
+            gguf_init_container(
+                isvc, config, settings, [*init_mounts, *model_mounts, *cache_mounts, gguf_mount]
+            )
         )
         container["volumeMounts"].append({**gguf_mount, "readOnly": True})
+    pod_security = pod_security_context(runtime)
+    if cache_vols and "fsGroup" not in pod_security:
+        # The fetch step writes as the project's user; a claim is group-writable through fsGroup.
+        pod_security["fsGroup"] = PROJECT_IMAGE.run_as_user
     template_meta = {
         "labels": {**meta["labels"]},
         "annotations": {
@@ -228,7 +245,7 @@ def desired_deployment(
                         **serving_identity(isvc, settings),
                         "automountServiceAccountToken": False,
                         "enableServiceLinks": False,
-                        "securityContext": pod_security_context(runtime),
+                        "securityContext": pod_security,
                         **({"initContainers": init} if init else {}),
                         "containers": [container],
                         "volumes": volumes,

@@ -8,10 +8,13 @@ from pydantic import BaseModel, ConfigDict
 from infertune.operator.api import InferenceService
 from infertune.operator.builders.common import (
     ANN_SPEC,
+    FETCH_CONTAINER,
     Obj,
     child_name,
     container_security_context,
+    hf_uris,
     metadata,
+    model_cache,
     model_location,
     model_volumes,
     placement,
@@ -31,6 +34,7 @@ from infertune.operator.builders.workers import (
 from infertune.operator.engine_runtime import TUNING_POD
 from infertune.operator.settings import OperatorSettings
 from infertune.tuner.api import TuningSpec
+from infertune.tuner.fetch_cli import EXIT_PERMANENT
 
 SPEC_DIR = "/etc/infertune"
 OUT_DIR = "/var/run/infertune/out"
@@ -137,6 +141,11 @@ def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSetting
                 "valueFrom": {"secretKeyRef": {"name": ref[0], "key": ref[1]}},
             }
         )
+    # hf:// models (model.uri, variants): fetched by the init step, read from the cache volume.
+    cache_vols, cache_mount, cache_env, init = model_cache(
+        isvc, settings, hf_uris(isvc.spec.model), tmp_vols
+    )
+    env += cache_env
     container: Obj = {
         "name": "tuner",
         "image": settings.tuner_image,
@@ -153,6 +162,7 @@ def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSetting
             {"name": "out", "mountPath": "/var/run/infertune"},
             *tmp_mounts,
             *model_mounts,
+            *([cache_mount] if cache_mount else []),
         ],
     }
     pod_spec: Obj = {
@@ -161,12 +171,14 @@ def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSetting
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
         "securityContext": pod_security_context(),
+        **({"initContainers": init} if init else {}),
         "containers": [container],
         "volumes": [
             {"name": "spec", "configMap": {"name": name}},
             {"name": "out", "emptyDir": {}},
             *tmp_vols,
             *model_vols,
+            *cache_vols,
         ],
         **placement(isvc, plan.gpu_product),
     }
@@ -181,16 +193,20 @@ def desired_job(isvc: InferenceService, plan: RunPlan, settings: OperatorSetting
                              gpus=isvc.spec.hardware.gpus_per_replica, products=products)  # fmt: skip
     if spread:
         pod_spec["affinity"] = {**pod_spec.get("affinity", {}), **spread}
-    return stamp(
-        {
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": meta,
-            "spec": {
-                "backoffLimit": settings.job_backoff_limit,
-                "activeDeadlineSeconds": active_deadline(plan.tuning),
-                "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
-                **parallel_job_fields(workers),
-            },
-        }
-    )
+    job_spec: Obj = {
+        "backoffLimit": settings.job_backoff_limit,
+        "activeDeadlineSeconds": active_deadline(plan.tuning),
+        "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        **parallel_job_fields(workers),
+    }
+    if init:
+        job_spec["podFailurePolicy"] = fetch_failure_policy()
+    return stamp({"apiVersion": "batch/v1", "kind": "Job", "metadata": meta, "spec": job_spec})
+
+
+def fetch_failure_policy() -> Obj:
+    """A missing repository or revision, or a refused token, fails the Job at once instead of
+    retrying the pod backoffLimit times (Kubernetes 1.26+; on older clusters the operator stops
+    the run itself when it reads the failed init step, tuning_run.fetch_failure)."""
+    exit_codes = {"containerName": FETCH_CONTAINER, "operator": "In", "values": [EXIT_PERMANENT]}
+    return {"rules": [{"action": "FailJob", "onExitCodes": exit_codes}]}

@@ -13,6 +13,8 @@ from infertune.tuner.api.spec import TuningSpec
 
 # Fields of an InferenceService spec that only the operator reads; the tuner ignores them.
 _CLUSTER_ONLY_FIELDS = ("hardware", "rollout", "retune")
+# ... and of its model: how a pod fetches an hf:// model (standalone, $HF_TOKEN and the local cache).
+_CLUSTER_ONLY_MODEL_FIELDS = ("tokenSecret", "cache")
 
 
 class SpecError(ValueError):
@@ -49,6 +51,9 @@ def tuning_spec_from_document(doc: Any, source: str = "spec") -> TuningSpec:
             raise SpecError(source, ["spec: required mapping is missing"])
         if doc["kind"] == "InferenceService":
             body = {k: v for k, v in body.items() if k not in _CLUSTER_ONLY_FIELDS}
+            if isinstance(body.get("model"), dict):
+                model = body["model"].items()
+                body["model"] = {k: v for k, v in model if k not in _CLUSTER_ONLY_MODEL_FIELDS}
     try:
         return TuningSpec.model_validate(body)
     except ValidationError as exc:

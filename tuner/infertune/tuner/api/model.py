@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import PurePosixPath
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -24,12 +25,50 @@ VARIANT_PRECISIONS = ("int8", "int4")
 VARIANT_METHODS = ("awq", "awq_marlin", "gptq", "gptq_marlin", "compressed-tensors", "fp8")
 
 
+# A Hub repository id, as the Hub and huggingface_hub's validate_repo_id take it: NAME or
+# NAMESPACE/NAME, each of letters, digits, '-', '_', '.', at most 96 characters, no '--' or '..'.
+_HF_PART = r"[A-Za-z0-9](?:[A-Za-z0-9_.-]{0,94}[A-Za-z0-9_])?"
+_HF_REPO = re.compile(rf"^(?:{_HF_PART}/)?{_HF_PART}$")
+# A revision: a branch, a tag, a commit hash or refs/pr/N (git's ref characters, kept to those
+# that need no quoting in a path or on a command line).
+_HF_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,254}$")
+DEFAULT_REVISION = "main"
+
+
+def check_revision(revision: str) -> str:
+    """A Hub revision (branch, tag, commit, refs/pr/N), as model.revision or hf://REPO@REVISION."""
+    if not _HF_REVISION.match(revision) or ".." in revision or "//" in revision:
+        raise ValueError(
+            f"revision {revision!r} is not a branch, tag or commit: letters, digits, '.', '_', "
+            "'-' and '/', starting with a letter or digit, no '..' or '//'"
+        )
+    return revision
+
+
+def split_hf_uri(uri: str) -> tuple[str, str | None]:
+    """hf://REPO[@REVISION] -> (REPO, REVISION or None); ValueError names what is wrong."""
+    rest = uri[len("hf://") :] if uri.startswith("hf://") else uri
+    repo, at, revision = rest.partition("@")
+    repo = repo.rstrip("/")
+    if not _HF_REPO.match(repo) or "--" in repo or ".." in repo:
+        raise ValueError(
+            f"{uri!r}: write hf://NAMESPACE/NAME[@REVISION] (a Hub repository id: letters, digits, "
+            "'-', '_', '.', at most 96 characters per part, no '--' or '..')"
+        )
+    if at:
+        check_revision(revision)
+    return repo, (revision if at else None)
+
+
 def check_model_uri(uri: str) -> str:
     """The URI rules of model.uri (and of every model.variants.<q>.uri)."""
     parsed = urlparse(uri)
     scheme = parsed.scheme or "file"
     if scheme not in MODEL_SCHEMES:
         raise ValueError(f"scheme {scheme!r} is not supported; use one of {list(MODEL_SCHEMES)}")
+    if scheme == "hf":
+        split_hf_uri(uri)
+        return uri
     path = (parsed.netloc + parsed.path) if scheme != "file" else parsed.path
     if ".." in PurePosixPath(path).parts:
         raise ValueError(f"{uri!r} contains '..'; give a path without parent references")
@@ -48,7 +87,8 @@ class ModelVariant(ApiModel):
     uri: str = Field(
         min_length=1,
         max_length=4096,
-        description="The checkpoint, by the rules of model.uri (file://, a path, pvc://, hf://).",
+        description="The checkpoint, by the rules of model.uri (file://, a path, pvc://, "
+        "hf://REPO[@REVISION]; its revision, if any, is pinned in the URI).",
     )
     method: Literal[VARIANT_METHODS] | None = Field(  # type: ignore[valid-type]
         default=None,
@@ -97,17 +137,30 @@ class ModelVariants(ApiModel):
 
 
 class ModelSource(ApiModel):
-    """`uri` is one of: `file:///abs/dir` or a plain path, `pvc://CLAIM/sub/dir`, `hf://org/name`,
-    or `builtin://tiny|small|medium` (a random-weight checkpoint the project generates)."""
+    """`uri` is one of: `file:///abs/dir` or a plain path, `pvc://CLAIM/sub/dir`,
+    `hf://NAMESPACE/NAME[@REVISION]`, or `builtin://tiny|small|medium` (a random-weight checkpoint
+    the project generates)."""
 
-    uri: str = Field(min_length=1, max_length=4096)
+    uri: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="Where the weights are: file:///dir or a path (the node's directory), "
+        "pvc://CLAIM/sub (a claim, mounted read-only), hf://NAMESPACE/NAME[@REVISION] (fetched "
+        "once into the model cache by the pod's fetch-model init step), builtin://tiny|small|medium.",
+    )
     name: str | None = Field(
         default=None,
         max_length=253,
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
         description="Served model name (defaults to the last path segment).",
     )
-    revision: str | None = Field(default=None, max_length=255)
+    revision: str | None = Field(
+        default=None,
+        max_length=255,
+        description="The Hub revision (branch, tag or commit) of an hf:// model.uri; the same as "
+        "writing hf://REPO@REVISION (both may be given only when they agree). Default: main. "
+        "A commit hash pins the weights the tuner measured to the ones served.",
+    )
     format: Literal["safetensors", "gguf"] = "safetensors"
     max_model_len: int | None = Field(default=None, ge=16, le=10_000_000)
     variants: ModelVariants | None = Field(
@@ -124,6 +177,35 @@ class ModelSource(ApiModel):
     def _safe_uri(cls, uri: str) -> str:
         return check_model_uri(uri)
 
+    @field_validator("revision")
+    @classmethod
+    def _revision(cls, revision: str | None) -> str | None:
+        return check_revision(revision) if revision is not None else None
+
+    @model_validator(mode="after")
+    def _one_revision(self) -> ModelSource:
+        if self.revision is None:
+            return self
+        if self.scheme != "hf":
+            raise ValueError(
+                f"revision {self.revision!r} applies to hf:// models only; model.uri is "
+                f"{self.uri!r} (remove model.revision)"
+            )
+        _, in_uri = split_hf_uri(self.uri)
+        if in_uri is not None and in_uri != self.revision:
+            raise ValueError(
+                f"model.revision {self.revision!r} and the revision in model.uri ({self.uri!r}: "
+                f"{in_uri!r}) disagree; give it in one place, or the same in both"
+            )
+        return self
+
+    @property
+    def hf_revision(self) -> str:
+        """The Hub revision an hf:// model.uri is fetched at: the URI's, else model.revision,
+        else main (the two agree when both are given)."""
+        _, in_uri = split_hf_uri(self.uri)
+        return in_uri or self.revision or DEFAULT_REVISION
+
     def variant(self, quantization: str) -> ModelVariant | None:
         """The pre-quantized checkpoint named for `quantization`, if any."""
         return self.variants.get(quantization) if self.variants is not None else None
@@ -136,6 +218,8 @@ class ModelSource(ApiModel):
     def served_name(self) -> str:
         if self.name:
             return self.name
+        if self.scheme == "hf":
+            return split_hf_uri(self.uri)[0].rsplit("/", 1)[-1]
         parsed = urlparse(self.uri)
         tail = PurePosixPath(parsed.netloc + parsed.path).name or parsed.netloc
         return tail or "model"

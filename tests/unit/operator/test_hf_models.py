@@ -1,0 +1,249 @@
+"""hf:// models on a cluster: the fetch-model init step, the model cache volume, the token by
+reference, the revision rules, and a failed fetch turned into a condition that names the field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from operator_samples import demo_doc, isvc_from
+from test_builders import plan_for, pod_spec
+
+from infertune.operator.api import InferenceService, ServingConfig
+from infertune.operator.builders.deployment import desired_deployment, serving_argv
+from infertune.operator.builders.job import desired_job
+from infertune.operator.hashing import tuning_hash
+from infertune.operator.model_fetch import describe_failure, fetch_failure
+from infertune.operator.pods import pod_summary
+from infertune.operator.settings import OperatorSettings, parse_settings
+from infertune.operator.validation import spec_problems
+from infertune.tuner.fetch_cli import EXIT_PERMANENT, EXIT_TRANSIENT
+
+COMMIT = "0e9e39f249a16976918f6564b8830bc894c89659"
+KNOBS: dict[str, Any] = {
+    "max_num_seqs": 16,
+    "max_num_batched_tokens": 4096,
+    "kv_block_size": 16,
+    "cuda_graph": False,
+}
+
+
+def hf_isvc(**model: Any) -> InferenceService:
+    fields = {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct", **model}
+    return isvc_from(demo_doc(**{f"model__{k}": v for k, v in fields.items()}))
+
+
+def init_of(obj: dict[str, Any]) -> dict[str, Any]:
+    (init,) = [c for c in pod_spec(obj).get("initContainers", []) if c["name"] == "fetch-model"]
+    return init
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
+
+
+def test_the_job_fetches_once_into_the_cache_and_the_tuner_reads_it_there() -> None:
+    isvc = hf_isvc(revision=COMMIT, tokenSecret={"name": "hf-token"})
+    settings = OperatorSettings(hf_endpoint="http://mirror.internal:8080")
+    job = desired_job(isvc, plan_for(isvc), settings)
+    init = init_of(job)
+    uri = f"hf://meta-llama/Llama-3.1-8B-Instruct@{COMMIT}"  # model.revision pinned in the URI
+    assert init["command"] == [
+        "infertune", "fetch-model", uri, "--termination-message", "/dev/termination-log",
+    ]  # fmt: skip
+    env = env_of(init)
+    # The token by reference only: optional, so a missing Secret is a refused fetch with a
+    # condition, not a pod stuck in CreateContainerConfigError; never on the command line.
+    assert env["HF_TOKEN"] == {
+        "secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}
+    }
+    assert not any("token" in arg.lower() for arg in init["command"][2:] if arg != uri)
+    assert env["HF_ENDPOINT"] == "http://mirror.internal:8080"
+    assert env["INFERTUNE_MODEL_CACHE"] == "/mnt/model-cache"
+    sc = init["securityContext"]
+    assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"]
+    assert not sc["allowPrivilegeEscalation"] and sc["capabilities"] == {"drop": ["ALL"]}
+    assert init["terminationMessagePath"] == "/dev/termination-log"
+    assert {"name": "model-cache", "mountPath": "/mnt/model-cache"} in init["volumeMounts"]
+    tuner = pod_spec(job)["containers"][0]
+    assert env_of(tuner)["INFERTUNE_MODEL_CACHE"] == "/mnt/model-cache"
+    assert "HF_TOKEN" not in env_of(tuner)  # only the fetch step holds the token
+    assert {"name": "model-cache", "mountPath": "/mnt/model-cache", "readOnly": True} in tuner[
+        "volumeMounts"
+    ]
+    # Every mount of the init step has its volume in the pod.
+    names = {v["name"] for v in pod_spec(job)["volumes"]}
+    assert {m["name"] for m in init["volumeMounts"]} <= names
+    # A missing repository, revision or token fails the Job at once (1.26+).
+    rule = job["spec"]["podFailurePolicy"]["rules"][0]
+    assert rule["action"] == "FailJob"
+    assert rule["onExitCodes"] == {
+        "containerName": "fetch-model", "operator": "In", "values": [EXIT_PERMANENT],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("cache", "settings", "volume"),
+    [
+        ({"claimName": "weights"}, {}, {"persistentVolumeClaim": {"claimName": "weights"}}),
+        (None, {"model_cache_claim": "shared"}, {"persistentVolumeClaim": {"claimName": "shared"}}),
+        ({"size": "40Gi"}, {"model_cache_claim": None}, {"emptyDir": {"sizeLimit": "40Gi"}}),
+        (None, {"model_cache_size": "20Gi"}, {"emptyDir": {"sizeLimit": "20Gi"}}),
+        (None, {}, {"emptyDir": {}}),
+    ],
+)
+def test_the_cache_is_the_specs_claim_else_the_charts_else_a_sized_emptydir(
+    cache: dict[str, str] | None, settings: dict[str, str], volume: dict[str, Any]
+) -> None:
+    isvc = hf_isvc(**({"cache": cache} if cache else {}))
+    job = desired_job(isvc, plan_for(isvc), OperatorSettings(**settings))
+    (vol,) = [v for v in pod_spec(job)["volumes"] if v["name"] == "model-cache"]
+    assert {k: v for k, v in vol.items() if k != "name"} == volume
+
+
+def test_the_deployment_serves_the_cached_directory_never_the_hf_uri() -> None:
+    isvc = hf_isvc(revision="v2", tokenSecret={"name": "hf", "key": "HF_TOKEN"})
+    for engine, flag in (("vllm", "--model"), ("sglang", "--model-path"), ("builtin", "--model")):
+        config = ServingConfig(engine=engine, quantization="bf16", **KNOBS)
+        argv = serving_argv(isvc, config, OperatorSettings())
+        path = argv[argv.index(flag) + 1]
+        assert path == "/mnt/model-cache/hf/meta-llama/Llama-3.1-8B-Instruct/v2", engine
+        assert not any(a.startswith("hf://") for a in argv)
+        dep = desired_deployment(isvc, config, OperatorSettings())
+        spec = pod_spec(dep)
+        assert init_of(dep)["command"][2] == "hf://meta-llama/Llama-3.1-8B-Instruct@v2"
+        engine_mounts = spec["containers"][0]["volumeMounts"]
+        assert {"name": "model-cache", "mountPath": "/mnt/model-cache", "readOnly": True} in (
+            engine_mounts
+        )
+        # The fetch writes as the project's user; a claim becomes group-writable by fsGroup,
+        # also under an engine image that runs as root.
+        assert spec["securityContext"]["fsGroup"] == 65532
+
+
+def test_llamacpp_converts_after_the_fetch() -> None:
+    isvc = hf_isvc()
+    config = ServingConfig(engine="llamacpp", quantization="int8", **KNOBS)
+    spec = pod_spec(desired_deployment(isvc, config, OperatorSettings()))
+    names = [c["name"] for c in spec["initContainers"]]
+    assert names == ["fetch-model", "gguf"]
+    gguf = spec["initContainers"][1]
+    model = gguf["command"][gguf["command"].index("--model") + 1]
+    assert model == "/mnt/model-cache/hf/meta-llama/Llama-3.1-8B-Instruct/main"
+    assert any(m["mountPath"] == "/mnt/model-cache" for m in gguf["volumeMounts"])
+
+
+def test_pvc_and_file_models_get_no_fetch_step() -> None:
+    for uri in ("pvc://models/llama", "/models/llama", "builtin://tiny"):
+        isvc = isvc_from(demo_doc(model__uri=uri))
+        job = desired_job(isvc, plan_for(isvc), OperatorSettings())
+        assert "initContainers" not in pod_spec(job) and "podFailurePolicy" not in job["spec"]
+        assert all(v["name"] != "model-cache" for v in pod_spec(job)["volumes"])
+
+
+def test_hf_variants_are_fetched_by_the_tuning_job() -> None:
+    variants = {"int4": {"uri": "hf://org/llama-AWQ@v1", "method": "awq"}}
+    isvc = isvc_from(demo_doc(model__uri="pvc://models/llama", model__variants=variants))
+    assert init_of(desired_job(isvc, plan_for(isvc), OperatorSettings()))["command"][2:3] == [
+        "hf://org/llama-AWQ@v1"
+    ]
+
+
+def test_revision_rules_name_both_fields() -> None:
+    problems = spec_problems(
+        {**demo_doc()["spec"], "model": {"uri": "hf://org/m@v1", "revision": "v2"}}
+    )
+    assert problems and "model.revision" in problems[0] and "model.uri" in problems[0]
+    assert (
+        spec_problems({**demo_doc()["spec"], "model": {"uri": "hf://org/m@v1", "revision": "v1"}})
+        == []
+    )
+    for wrong in (
+        {"uri": "pvc://m/x", "revision": "v1"},
+        {"uri": "/x", "tokenSecret": {"name": "s"}},
+    ):
+        (problem,) = spec_problems({**demo_doc()["spec"], "model": wrong})
+        assert problem.startswith("spec.model") and "hf://" in problem, problem
+    (bad,) = spec_problems({**demo_doc()["spec"], "model": {"uri": "hf://org/a/b"}})
+    assert bad.startswith("spec.model.uri")
+
+
+def test_a_new_token_or_cache_never_retunes() -> None:
+    base = hf_isvc()
+    other = hf_isvc(tokenSecret={"name": "other"}, cache={"claimName": "c"})
+    assert tuning_hash(base.spec) == tuning_hash(other.spec)
+    assert "tokenSecret" not in json.dumps(other.spec.tuning_spec().to_wire())
+    assert tuning_hash(base.spec) != tuning_hash(hf_isvc(revision="v3").spec)
+
+
+def test_the_chart_flags_reach_the_settings() -> None:
+    settings, _ = parse_settings(
+        ["--model-cache-claim", "models", "--model-cache-size", "50Gi", "--hf-endpoint", "http://m"]
+    )
+    assert (settings.model_cache_claim, settings.model_cache_size, settings.hf_endpoint) == (
+        "models", "50Gi", "http://m",
+    )  # fmt: skip
+
+
+def failed_pod(message: dict[str, Any] | str, code: int) -> dict[str, Any]:
+    term = {
+        "exitCode": code,
+        "message": message if isinstance(message, str) else json.dumps(message),
+    }
+    return {
+        "metadata": {"name": "p", "labels": {"job-name": "j"}},
+        "spec": {},
+        "status": {
+            "phase": "Failed",
+            "initContainerStatuses": [{"name": "fetch-model", "state": {"terminated": term}}],
+            "containerStatuses": [
+                {"name": "tuner", "state": {"waiting": {"reason": "PodInitializing"}}}
+            ],
+        },
+    }
+
+
+def record(what: str, uri: str, status: int, code: str) -> dict[str, Any]:
+    return {
+        "uri": uri,
+        "what": what,
+        "status": status,
+        "code": code,
+        "message": f"the Hub answered {status} ({code})",
+    }
+
+
+@pytest.mark.parametrize(
+    ("model", "rec", "reason", "field"),
+    [
+        ({}, record("repo", "hf://org/m@main", 404, "RepoNotFound"), "ModelNotFound", "spec.model.uri"),
+        ({"revision": "nope"}, record("revision", "hf://org/m@nope", 404, "RevisionNotFound"), "RevisionNotFound", "spec.model.revision"),
+        ({"uri": "hf://org/m@nope"}, record("revision", "hf://org/m@nope", 404, "RevisionNotFound"), "RevisionNotFound", "spec.model.uri"),
+        ({}, record("token", "hf://org/m@main", 401, "GatedRepo"), "ModelAccessDenied", "spec.model.tokenSecret (not set)"),
+        ({"tokenSecret": {"name": "hf"}}, record("token", "hf://org/m@main", 403, "GatedRepo"), "ModelAccessDenied", "spec.model.tokenSecret (Secret 'hf', key 'token')"),
+        ({"variants": {"int4": {"uri": "hf://org/awq", "method": "awq"}}}, record("repo", "hf://org/awq", 404, "RepoNotFound"), "ModelNotFound", "spec.model.variants.int4.uri"),
+    ],
+)  # fmt: skip
+def test_a_failed_fetch_names_the_field_and_the_hubs_answer(
+    model: dict[str, Any], rec: dict[str, Any], reason: str, field: str
+) -> None:
+    isvc = hf_isvc(**{"uri": "hf://org/m", **model})
+    failed = fetch_failure([pod_summary(failed_pod(rec, EXIT_PERMANENT))])
+    assert failed is not None
+    got_reason, message, permanent = describe_failure(isvc, failed)
+    assert (got_reason, permanent) == (reason, True)
+    assert (
+        message.startswith(f"{field}: ")
+        and str(rec["status"]) in message
+        and rec["code"] in message
+    )
+
+
+def test_a_transient_failure_is_not_permanent_and_a_crash_keeps_its_log_line() -> None:
+    isvc = hf_isvc()
+    failed = fetch_failure([pod_summary(failed_pod("Traceback...\nOSError: boom", EXIT_TRANSIENT))])
+    assert failed is not None
+    reason, message, permanent = describe_failure(isvc, failed)
+    assert (reason, permanent) == ("ModelFetchFailed", False)
+    assert message.startswith("spec.model.uri") and "OSError: boom" in message
