@@ -49,6 +49,16 @@ def tune(argv: list[str]) -> int:
                     "prefill": {"bound": "compute", "percentOfRoofline": 40.0},
                     "decode": {"bound": "memory", "percentOfRoofline": 55.0}},
     }  # fmt: skip
+    if spec["model"]["uri"].startswith("hf://"):
+        # The tuner's own rule finds the files the fetch-model init step put in the cache.
+        from infertune.tuner.api import ModelSource
+        from infertune.tuner.models import resolve_model
+
+        local = resolve_model(ModelSource.model_validate(spec["model"]))
+        print(f"model {spec['model']['uri']} at {local}", flush=True)
+        if not (local / "config.json").is_file():
+            print(f"RuntimeError: no config.json in {local}", file=sys.stderr)
+            return 3
     if "fail" in spec["model"].get("name", ""):
         print("RuntimeError: placeholder tuner asked to fail", file=sys.stderr)
         return 3
