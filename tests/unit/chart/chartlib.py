@@ -32,6 +32,16 @@ PROMETHEUS_OPERATOR_APIS = (
 # name -> (values, api_versions)
 OPTIONS: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "defaults": ({}, ()),
+    "model-cache": (
+        {
+            "modelCache": {
+                "claimName": "models",
+                "hfEndpoint": "https://hub-mirror.internal",
+                "create": {"enabled": True, "size": "200Gi", "storageClassName": "nfs"},
+            }
+        },
+        (),
+    ),
     "watch-namespaces": ({"operator": {"watchNamespaces": ["team-a", "team-b"]}}, ()),
     "single-replica-no-peering": (
         {"operator": {"replicaCount": 1, "peering": {"enabled": False}}},
