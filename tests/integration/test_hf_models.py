@@ -89,6 +89,10 @@ def test_an_hf_model_is_fetched_once_tuned_and_served_from_the_cache(
     assert "config.json" in files and ".infertune-fetched.json" in files
     fetched = _downloads(hub, "org/tiny")
     assert len(fetched) == len(set(fetched)) == len([f for f in files if not f.startswith(".")])
+    # The fetch step's report reached the status: it sizes an emptyDir cache for serving pods.
+    served = agent.state_dir / "pvcs" / namespace / "model-cache" / "hf/org/tiny/main"
+    weights = sum(p.stat().st_size for p in served.iterdir() if not p.name.startswith("."))
+    assert obj["status"]["live"]["modelBytes"] == weights
     # The serving pod's init step ran (and found the files) before the engine started.
     pods = (
         client.CoreV1Api(api)

@@ -76,6 +76,17 @@ def describe_failure(isvc: InferenceService, failed: dict[str, Any]) -> tuple[st
     return REASONS.get(what, DEFAULT_REASON), message, permanent
 
 
+def fetched_bytes(pod: dict[str, Any], uri: str) -> int | None:
+    """Bytes of `uri` as the pod's fetch step reported them (its success message), if it did."""
+    try:
+        record = json.loads(pod.get("fetched") or "")
+    except ValueError:
+        return None
+    done = record.get("fetched") if isinstance(record, dict) else None
+    sizes = [d.get("bytes") for d in done or [] if isinstance(d, dict) and d.get("uri") == uri]
+    return int(sizes[0]) if sizes and isinstance(sizes[0], int) else None
+
+
 def is_permanent(failed: dict[str, Any]) -> bool:
     """The step exited with EXIT_PERMANENT: no retry can help (the spec or the Secret must change)."""
     return bool(failed.get("exit_code") == EXIT_PERMANENT)

@@ -34,6 +34,8 @@ def pod_summary(body: Any) -> dict[str, Any]:
         )
     for cs in st.get("initContainerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or {}
+        if term and not term.get("exitCode") and cs.get("name") == "fetch-model":
+            out["fetched"] = term.get("message")  # what it fetched: URIs, commits, bytes
         if term.get("exitCode"):
             # A failed init step (the hf:// fetch): its exit code and message say why.
             out["init_failed"] = {

@@ -14,7 +14,7 @@ from infertune.operator.api import InferenceService, ServingConfig
 from infertune.operator.builders.deployment import desired_deployment, serving_argv
 from infertune.operator.builders.job import desired_job
 from infertune.operator.hashing import tuning_hash
-from infertune.operator.model_fetch import describe_failure, fetch_failure
+from infertune.operator.model_fetch import describe_failure, fetch_failure, fetched_bytes
 from infertune.operator.pods import pod_summary
 from infertune.operator.settings import OperatorSettings, parse_settings
 from infertune.operator.validation import spec_problems
@@ -247,3 +247,26 @@ def test_a_transient_failure_is_not_permanent_and_a_crash_keeps_its_log_line() -
     reason, message, permanent = describe_failure(isvc, failed)
     assert (reason, permanent) == ("ModelFetchFailed", False)
     assert message.startswith("spec.model.uri") and "OSError: boom" in message
+
+
+def test_serving_pods_emptydir_is_sized_by_what_the_tuning_pod_fetched() -> None:
+    isvc = hf_isvc()
+    fetched_pod = failed_pod("", 0)
+    term = fetched_pod["status"]["initContainerStatuses"][0]["state"]["terminated"]
+    uri = "hf://meta-llama/Llama-3.1-8B-Instruct@main"
+    term["message"] = json.dumps({"fetched": [{"uri": uri, "commit": COMMIT, "bytes": 16 * 2**30}]})
+    summary = pod_summary(fetched_pod)
+    assert fetch_failure([summary]) is None
+    config = ServingConfig(engine="vllm", quantization="bf16", **KNOBS)
+    config.model_bytes = fetched_bytes(summary, uri)
+    assert config.model_bytes == 16 * 2**30
+    spec = pod_spec(desired_deployment(isvc, config, OperatorSettings()))
+    (vol,) = [v for v in spec["volumes"] if v["name"] == "model-cache"]
+    room = 16 * 2**30 * 11 // 10 + 2**30  # 10% and 1 GiB more, rounded up to MiB
+    assert vol["emptyDir"] == {"sizeLimit": f"{-(-room // 2**20)}Mi"}
+    # The spec's (or the chart's) size wins; a claim has no size of ours.
+    sized = hf_isvc(cache={"size": "100Gi"})
+    spec = pod_spec(desired_deployment(sized, config, OperatorSettings()))
+    assert next(v for v in spec["volumes"] if v["name"] == "model-cache")["emptyDir"] == {
+        "sizeLimit": "100Gi"
+    }

@@ -161,14 +161,25 @@ def hf_uris(source: ClusterModelSource, uris: list[str] | None = None) -> list[s
     return list(dict.fromkeys(pinned_uri(source, u) for u in chosen))
 
 
-def model_cache_volume(isvc: InferenceService, settings: OperatorSettings) -> Obj:
+def cache_size_for(model_bytes: int) -> str:
+    """An emptyDir's room for a checkpoint of `model_bytes`: 10% more and 1 GiB for the client's
+    metadata and partial files (rounded up to MiB)."""
+    return f"{-(-(model_bytes * 11 // 10 + 2**30) // 2**20)}Mi"
+
+
+def model_cache_volume(
+    isvc: InferenceService, settings: OperatorSettings, model_bytes: int | None = None
+) -> Obj:
     """The spec's claim, else the operator's (the chart's), else an emptyDir per pod, sized by
-    the spec or the chart when either says."""
+    the spec or the chart when either says, else by the checkpoint's fetched size when known
+    (`model_bytes`: the tuning pod's download, for a serving pod)."""
     cache = isvc.spec.model.cache
     claim = (cache.claim_name if cache else None) or settings.model_cache_claim
     if claim:
         return {"name": MODEL_CACHE_VOLUME, "persistentVolumeClaim": {"claimName": claim}}
     size = (cache.size if cache else None) or settings.model_cache_size
+    if size is None and model_bytes:
+        size = cache_size_for(model_bytes)
     return {"name": MODEL_CACHE_VOLUME, "emptyDir": {"sizeLimit": size} if size else {}}
 
 
@@ -216,17 +227,21 @@ def fetch_init_container(
 
 
 def model_cache(
-    isvc: InferenceService, settings: OperatorSettings, uris: list[str], have: list[Obj]
+    isvc: InferenceService,
+    settings: OperatorSettings,
+    uris: list[str],
+    have: list[Obj],
+    model_bytes: int | None = None,
 ) -> tuple[list[Obj], Obj, list[Obj], list[Obj]]:
     """What a pod that loads the hf:// `uris` needs: (volumes to add, the read-only mount for the
     containers that load them, the env that tells the tuner the mount point, the init containers).
     Empty when none of `uris` is hf://. `have`: the pod's volumes already (the project image's
-    writable dirs are added when missing)."""
+    writable dirs are added when missing); `model_bytes` sizes an emptyDir (model_cache_volume)."""
     if not uris:
         return [], {}, [], []
     names = {v["name"] for v in have}
     extra = [v for v in writable_dirs(PROJECT_IMAGE)[0] if v["name"] not in names]
-    volumes = [*extra, model_cache_volume(isvc, settings)]
+    volumes = [*extra, model_cache_volume(isvc, settings, model_bytes)]
     mount = {"name": MODEL_CACHE_VOLUME, "mountPath": MODEL_CACHE_ROOT, "readOnly": True}
     env = [{"name": CACHE_ENV, "value": MODEL_CACHE_ROOT}]
     return volumes, mount, env, [fetch_init_container(isvc, settings, uris)]

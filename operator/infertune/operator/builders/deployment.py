@@ -196,7 +196,11 @@ def desired_deployment(
     # An hf:// checkpoint: fetched into the cache by the init step (nothing to fetch when the
     # tuning run already filled a shared claim), read-only for the engine.
     cache_vols, cache_mount, _, init = model_cache(
-        isvc, settings, hf_uris(isvc.spec.model, [served_uri(isvc, config)]), volumes
+        isvc,
+        settings,
+        hf_uris(isvc.spec.model, [served_uri(isvc, config)]),
+        volumes,
+        config.model_bytes,
     )
     volumes += cache_vols
     if cache_mount:
