@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from infertune.operator.api import Figures, Profile, ServingConfig
-from infertune.operator.api.status import EngineRecord, PhaseProfile
+from infertune.operator.api.status import Advantage, EngineRecord, PhaseProfile, RatioInterval
 from infertune.tuner.api.base import to_camel
 from infertune.tuner.candidate import Candidate
 
@@ -47,6 +47,34 @@ class SummaryBest(_Camel):
         return Candidate.from_wire(self.model_extra or {})
 
 
+class SummaryRatio(_Camel):
+    ratio: float | None = None
+    low: float | None = None
+    high: float | None = None
+    level: float | None = None
+    runs: int = 0
+    other_runs: int = Field(default=0, alias="otherRuns")
+
+    def status(self) -> RatioInterval:
+        return RatioInterval.model_validate(self.model_dump())
+
+
+class SummaryRace(_Camel):
+    """The tuner's race (result._race): the winner's advantages with their intervals."""
+
+    settled: bool = False
+    remeasured: int = 0
+    over_runner_up: SummaryRatio | None = Field(default=None, alias="overRunnerUp")
+    over_default: SummaryRatio | None = Field(default=None, alias="overDefault")
+
+
+class SummaryWarmStart(_Camel):
+    prior_trials: int = Field(default=0, alias="priorTrials")
+    transferred: int = 0
+    enqueued: int = 0
+    studies: list[str] = Field(default_factory=list)
+
+
 class Summary(_Camel):
     """The contract's schema (`infertune.tuner.result.compact_summary`), validated at the edge."""
 
@@ -62,6 +90,19 @@ class Summary(_Camel):
     best: SummaryBest | None = None
     binding_constraint: str | None = Field(default=None, alias="bindingConstraint")
     profile: dict[str, Any] | None = None
+    race: SummaryRace | None = None
+    warm_start: SummaryWarmStart | None = Field(default=None, alias="warmStart")
+
+    def advantage(self) -> Advantage | None:
+        r = self.race
+        if r is None:
+            return None
+        return Advantage(
+            settled=r.settled,
+            remeasured=r.remeasured,
+            over_runner_up=r.over_runner_up.status() if r.over_runner_up else None,
+            over_default=r.over_default.status() if r.over_default else None,
+        )
 
     def serving_config(self) -> ServingConfig | None:
         if self.best is None:

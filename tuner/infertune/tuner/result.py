@@ -62,6 +62,8 @@ class TuningResult:
     restarts: int = 0
     importance: dict[str, float] = field(default_factory=dict)
     cost: dict[str, Any] | None = None  # cost_summary: GPUs, price per GPU-hour, the unit
+    race: dict[str, Any] | None = None  # racing.RaceResult.to_dict(): the winner's advantages
+    warm_start: dict[str, Any] | None = None  # warm_start.WarmStart.to_dict()
 
     def cost_basis(self) -> CostBasis | None:
         c = self.cost
@@ -208,6 +210,16 @@ def compact_summary(result: TuningResult) -> dict[str, Any]:
         if cost is not None:
             out["best"]["costPerMillionTokens"] = round(cost, 6)
     out["bindingConstraint"] = result.binding_constraint
+    if result.race is not None:
+        out["race"] = _race(result.race)
+    if result.warm_start is not None:
+        w = result.warm_start
+        out["warmStart"] = {
+            "priorTrials": int(w.get("priorTrials", 0)),
+            "transferred": int(w.get("transferred", 0)),
+            "enqueued": len(w.get("enqueued", [])),
+            "studies": [str(s)[:120] for s in w.get("studies", [])][:3],
+        }
     if result.profile_wire is not None:
         out["profile"] = result.profile_wire
     text = json.dumps(out, separators=(",", ":"))
@@ -220,6 +232,31 @@ def compact_summary(result: TuningResult) -> dict[str, Any]:
         else:
             out.pop(drop, None)
         text = json.dumps(out, separators=(",", ":"))
+    return out
+
+
+def _race(race: dict[str, Any]) -> dict[str, Any]:
+    """The race's verdict for the operator: the winner's advantage (a ratio of mean objective,
+    > 1 better, with its interval from the repeated runs) over the runner-up and over the
+    engine's default configuration."""
+
+    def ratio(r: dict[str, Any] | None) -> dict[str, Any] | None:
+        if not r:
+            return None
+        n = r.get("n") or [0, 0]
+        return {"ratio": r.get("ratio"), "low": r.get("low"), "high": r.get("high"),
+                "runs": int(n[0]), "otherRuns": int(n[1]), "level": r.get("level")}  # fmt: skip
+
+    out: dict[str, Any] = {
+        "settled": bool(race.get("settled")),
+        "remeasured": int(race.get("remeasured", 0)),
+        "overRunnerUp": ratio(race.get("over_runner_up")),
+        "overDefault": ratio(race.get("over_default")),
+    }
+    for key, wire in (("runner_up", "runnerUp"), ("default", "default")):
+        cfg = race.get(key)
+        if cfg:
+            out[wire] = {to_camel(k): v for k, v in cfg.items()}
     return out
 
 

@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.capacity import CAPACITY_KEY
 from infertune.tuner.cost import CostBasis
 from infertune.tuner.space import Space
 from infertune.tuner.study import (
@@ -54,6 +55,7 @@ class Evaluation:
     startup_s: float | None = None
     quality: dict[str, Any] | None = None
     quality_shortfall: float = 0.0  # > 0: below the quality guard by this much
+    capacity: dict[str, Any] | None = None  # Capacity.to_dict(): the ramp's probes
 
     def constraints(self, spec: TuningSpec) -> list[float]:
         """One value per SLO bound (measured / bound - 1), throughput floor, quality; <= 0 feasible."""
@@ -83,7 +85,8 @@ def minimises(spec: TuningSpec) -> bool:
 
 
 def objective_value(ev: Evaluation, spec: TuningSpec, cost: CostBasis | None = None) -> float:
-    """Goodput (requests/s meeting every bound) by default; output tokens/s for throughput
+    """SLO capacity (capacity.py: the highest rate holding every bound, the spec's rate its
+    floor; goodput at the spec's rate below it) by default; output tokens/s for throughput
     (maximised); for cost-per-token, USD per million output tokens (minimised), or GPU-hours per
     million output tokens when no GPU price is known (:mod:`infertune.tuner.cost`)."""
     if minimises(spec):
@@ -93,7 +96,8 @@ def objective_value(ev: Evaluation, spec: TuningSpec, cost: CostBasis | None = N
     if ev.outcome == "failed":
         return 0.0
     if spec.slo.objective == "goodput":
-        return ev.figures.get("goodputRps", 0.0)
+        # SLO capacity when the spec's rate was held (>= that rate), else goodput at it (< it).
+        return ev.figures.get(CAPACITY_KEY, ev.figures.get("goodputRps", 0.0))
     return ev.figures.get("outputTokensPerSecond", 0.0)
 
 
@@ -117,7 +121,12 @@ def enqueue_seeds(study: optuna.Study, space: Space, configs: list[Candidate]) -
     return len(configs)
 
 
-def _store(trial: optuna.Trial, ev: Evaluation, spec: TuningSpec) -> None:
+def constraint_names(spec: TuningSpec) -> list[str]:
+    """The names of Evaluation.constraints' values, in order."""
+    return [*spec.slo.bounds(), "throughput", "quality"]
+
+
+def store_measurement(trial: optuna.Trial, ev: Evaluation, spec: TuningSpec) -> None:
     trial.set_user_attr("config", ev.config.to_dict())
     trial.set_user_attr(OUTCOME_ATTR, ev.outcome)
     trial.set_user_attr("figures", ev.figures)
@@ -127,7 +136,7 @@ def _store(trial: optuna.Trial, ev: Evaluation, spec: TuningSpec) -> None:
     constraints = ev.constraints(spec)
     trial.set_user_attr("constraints", constraints)
     # Optuna >= 5 reads constraints from the trial (<= 0 feasible) in TPE, NSGA-II and GP.
-    names = [*spec.slo.bounds(), "throughput", "quality"]
+    names = constraint_names(spec)
     for name, value in zip(names, constraints, strict=True):
         trial.set_constraint(name, value)
     if ev.reason:
@@ -139,6 +148,8 @@ def _store(trial: optuna.Trial, ev: Evaluation, spec: TuningSpec) -> None:
     if ev.quality is not None:
         trial.set_user_attr("quality", ev.quality)
     trial.set_user_attr("quality_shortfall", ev.quality_shortfall)
+    if ev.capacity is not None:
+        trial.set_user_attr("capacity", ev.capacity)
 
 
 def evaluation_of(t: FrozenTrial) -> Evaluation | None:
@@ -156,6 +167,7 @@ def evaluation_of(t: FrozenTrial) -> Evaluation | None:
         startup_s=t.user_attrs.get("startup_s"),
         quality=t.user_attrs.get("quality"),
         quality_shortfall=float(t.user_attrs.get("quality_shortfall", 0.0)),
+        capacity=t.user_attrs.get("capacity"),
     )
 
 
@@ -232,7 +244,7 @@ def run_study(
             with Heartbeat(study, trial, heartbeat_interval):
                 ev = evaluate(config, report)
             measured[config] = ev
-        _store(trial, ev, spec)
+        store_measurement(trial, ev, spec)
         values = multi_values(ev) if multi_objective else objective_value(ev, spec, cost)
         if ev.outcome == "failed":
             # Told as COMPLETE with zero objective and infeasible constraints, not FAIL: the

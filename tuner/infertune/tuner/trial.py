@@ -18,6 +18,7 @@ from infertune.tuner.api import SLO, TuningSpec
 from infertune.tuner.api.base import PERCENTILES
 from infertune.tuner.api.slo import SLO_METRICS
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.capacity import CAPACITY_KEY, PROBE_S, Capacity, search_capacity
 from infertune.tuner.engines import AdapterError, EngineAdapter, get_adapter
 from infertune.tuner.hardware import Hardware
 from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
@@ -33,6 +34,7 @@ HEALTH_KEY = "healthMaxMs"
 FIGURE_KEYS = (
     *LATENCY_FIGURE_KEYS,
     "goodputRps",
+    CAPACITY_KEY,
     "requestRate",
     "outputTokensPerSecond",
     "promptTokensMean",
@@ -222,9 +224,19 @@ class TrialRunner:
         self.engine = engine
         return engine, False
 
-    def run(self, config: Candidate, report: ReportFn | None = None) -> Measurement:
+    def run(
+        self,
+        config: Candidate,
+        report: ReportFn | None = None,
+        *,
+        rate: float | None = None,
+        num_requests: int | None = None,
+        timeout: float | None = None,
+    ) -> Measurement:
+        """Serve `config` and load it with the spec's traffic; `rate` and `num_requests` replace
+        the spec's (a capacity probe), `timeout` the spec's trialTimeout."""
         started = time.monotonic()
-        timeout = float(self.spec.budget.trial_timeout)
+        timeout = float(self.spec.budget.trial_timeout) if timeout is None else timeout
         deadline = started + timeout
         try:
             engine, reused = self._engine_for(config, timeout)
@@ -234,6 +246,15 @@ class TrialRunner:
                 config, "failed", exc.message, exc.kind, wall_s=time.monotonic() - started
             )
         traffic = self.spec.traffic
+        if rate is not None:
+            traffic = traffic.model_copy(
+                update={
+                    "rate": rate,
+                    "num_requests": num_requests or traffic.num_requests,
+                    "duration": None if num_requests else traffic.duration,
+                    "concurrency": None,
+                }
+            )
         planned = traffic.num_requests or int((traffic.rate or 1.0) * float(traffic.duration or 60))
         out_tokens = traffic.output_tokens.expected
         stop_reason: list[str] = []
@@ -293,6 +314,25 @@ class TrialRunner:
         if health.worst_ms is not None:
             m.figures[HEALTH_KEY] = round(health.worst_ms, 3)
         return m
+
+    def capacity(self, config: Candidate, floor: Measurement) -> Capacity:
+        """The SLO capacity of `config` (capacity.py), ramping from the spec's rate on the engine
+        `floor` (the trial at the spec's rate) left running, within what is left of the trial's
+        timeout. Closed-loop traffic (no rate) has no rate to ramp: its capacity is not measured."""
+        rate = self.spec.traffic.rate
+        if rate is None:
+            return Capacity(0.0, floor.meets_slo, stopped="closed-loop traffic has no rate")
+        timeout = float(self.spec.budget.trial_timeout)
+        end = time.monotonic() + max(0.0, timeout - floor.wall_s)
+
+        def probe(r: float, n: int) -> tuple[bool, str]:
+            m = self.run(config, rate=r, num_requests=n, timeout=max(1.0, end - time.monotonic()))
+            why = m.reason or ("" if m.meets_slo else "a percentile over its bound")
+            return m.meets_slo, why
+
+        # A probe's own length is about PROBE_S of arrivals and its drain: none starts that could
+        # not finish before the trial's timeout.
+        return search_capacity(probe, rate, floor.meets_slo, deadline=end - 2 * PROBE_S)
 
     def _measurement(
         self,

@@ -17,7 +17,10 @@ from optuna.trial import TrialState
 
 from infertune.engine.config import ConfigError, LlamaConfig
 from infertune.tuner.api import TuningSpec
+from infertune.tuner.campaign import apply as apply_campaign
+from infertune.tuner.campaign import run_campaign
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.capacity import Capacity
 from infertune.tuner.cost import CostBasis, cost_basis
 from infertune.tuner.hardware import Hardware, discover
 from infertune.tuner.memory_fit import MemoryBudget, prune_by_memory
@@ -35,7 +38,6 @@ from infertune.tuner.search import (
     ReportFn,
     evaluation_of,
     minimises,
-    run_study,
 )
 from infertune.tuner.space import Space, build_space, why_unavailable
 from infertune.tuner.study import DUPLICATE_ATTR, SEED_ATTR, STALE_ATTR, make_sampler, open_study
@@ -98,7 +100,9 @@ class QualityCache:
         return self.results.get(quantization)
 
 
-def _evaluation(m: Measurement, quality: QualityResult | None) -> Evaluation:
+def _evaluation(
+    m: Measurement, quality: QualityResult | None, capacity: Capacity | None = None
+) -> Evaluation:
     reason = m.reason
     if m.failure_kind and reason and not reason.startswith(m.failure_kind):
         # The kind (crash, oom, timeout, unsupported) is what a reader of the report looks for.
@@ -106,12 +110,13 @@ def _evaluation(m: Measurement, quality: QualityResult | None) -> Evaluation:
     return Evaluation(
         config=m.config,
         outcome=m.status,
-        figures=m.figures,
         margins_ms=m.margins_ms,
         reason=reason,
         peak_memory_bytes=m.peak_memory_bytes,
         startup_s=m.startup_s,
         quality=None if quality is None else quality.to_dict(),
+        figures={**m.figures, **(capacity.figures() if capacity and capacity.floor_met else {})},
+        capacity=None if capacity is None else capacity.to_dict(),
     )
 
 
@@ -129,7 +134,11 @@ def make_evaluator(
                 quality=q.to_dict(),
                 quality_shortfall=max(spec.quality.min_top1_agreement - q.top1_agreement, 1e-3),
             )
-        return _evaluation(runner.run(config, report), q)
+        m = runner.run(config, report)
+        # The goodput objective ranks by SLO capacity (capacity.py): ramp a configuration that
+        # holds the spec's rate, on the engine it left running.
+        ramp = spec.slo.objective == "goodput" and m.meets_slo
+        return _evaluation(m, q, runner.capacity(config, m) if ramp else None)
 
     return evaluate
 
@@ -276,14 +285,16 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
         quality.prepare()  # in a child that has exited before the first engine starts
     runner = TrialRunner(spec, model_dir, opts.out / "work", hardware, seed=seed or 0)
     try:
-        run_study(
+        campaign = run_campaign(
             study,
             space,
             spec,
             make_evaluator(spec, runner, quality),
+            hardware=hardware.describe(),
             max_trials=max_trials,
             max_seconds=float(spec.budget.max_duration),
             multi_objective=multi,
+            log=opts.log,
             progress=opts.progress,
             stale_after=opts.stale_after,
             plan_next=plan_next,
@@ -292,6 +303,7 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
     finally:
         runner.close()
     result = assemble(study, spec, hardware, profile, space, quality, max_trials, multi, cost)
+    apply_campaign(result, campaign)  # the race's winner, its advantages, the warm start
     result.seeds = [c.to_dict() for c in planner.planned] if planner else []
     result.restarts = runner.restarts
     result.importance = importance(study, minimise=minimises(spec))

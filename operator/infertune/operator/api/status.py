@@ -47,6 +47,34 @@ class Profile(ApiModel):
     decode: PhaseProfile | None = None
 
 
+class RatioInterval(ApiModel):
+    """How much better the winner is than another configuration: the ratio of their mean
+    objective over repeated runs (> 1: the winner is better), with a confidence interval."""
+
+    ratio: float | None = None
+    low: float | None = Field(default=None, description="Lower end of the interval.")
+    high: float | None = Field(default=None, description="Upper end of the interval.")
+    level: float | None = Field(default=None, description="The interval's confidence, e.g. 0.9.")
+    runs: int = Field(default=0, description="The winner's measurements.")
+    other_runs: int = Field(default=0, description="The other configuration's measurements.")
+
+
+class Advantage(ApiModel):
+    """The tuner's race (the best few re-measured in alternation before a winner is declared)."""
+
+    settled: bool = Field(
+        default=False,
+        description="The order of the raced configurations was settled before the budget ended.",
+    )
+    remeasured: int = Field(default=0, description="Trials the race spent re-measuring.")
+    over_runner_up: RatioInterval | None = None
+    over_default: RatioInterval | None = Field(
+        default=None,
+        description="Over the engine's default configuration (when the tuner knows it and the "
+        "searched space holds it).",
+    )
+
+
 class TuningRun(ApiModel):
     job: str | None = None
     study: str | None = None
@@ -75,6 +103,16 @@ class TuningRun(ApiModel):
     replica_rate: float | None = Field(
         default=None, description="Requests/s the tuner loaded its one replica with."
     )
+    warm_start_trials: int | None = Field(
+        default=None,
+        description="Trials of earlier studies of this model that seeded this run's study "
+        "(enqueued best configurations and trials transferred to the sampler); 0: a cold start.",
+    )
+    advantage: Advantage | None = Field(
+        default=None,
+        description="The winner's advantage over the runner-up and over the engine's default, "
+        "with intervals from repeated runs.",
+    )
 
 
 class Figures(ApiModel):
@@ -95,6 +133,11 @@ class Figures(ApiModel):
     e2e_p95_ms: float | None = None
     e2e_p99_ms: float | None = None
     goodput_rps: float | None = None
+    capacity_rps: float | None = Field(
+        default=None,
+        description="SLO capacity: the highest Poisson rate (requests/s, one replica) at which "
+        "every SLO bound held at its percentile, found by a ramp from the spec's rate.",
+    )
     request_rate: float | None = None
     output_tokens_per_second: float | None = None
     prompt_tokens_mean: float | None = None
@@ -155,13 +198,6 @@ class ServingConfigBase(ApiModel):
         max_length=64,
         description="The --quantization method of the pre-quantized checkpoint "
         "(spec.model.variants) this int8/int4 configuration was measured with (vLLM/SGLang).",
-    )
-    model_bytes: int | None = Field(
-        default=None,
-        ge=0,
-        description="Bytes of the hf:// checkpoint this configuration serves, as the tuning pod's "
-        "fetch step downloaded it; sizes the serving pods' emptyDir model cache when neither "
-        "spec.model.cache.size nor the chart's modelCache.size does.",
     )
 
     def adapter_options(self) -> EngineOptions | None:
