@@ -14,6 +14,8 @@ from typing import Any
 
 from infertune.operator.api import InferenceService
 from infertune.operator.builders.common import FETCH_CONTAINER
+from infertune.operator.conditions import get_condition
+from infertune.operator.context import Ctx, log
 from infertune.tuner.api.model import split_hf_uri
 from infertune.tuner.fetch_cli import EXIT_PERMANENT
 from infertune.tuner.models import pinned_uri
@@ -100,3 +102,36 @@ def fetch_failure(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
         if (p.get("init_failed") or {}).get("container") == FETCH_CONTAINER
     ]
     return failed[-1] if failed else None
+
+
+SERVING_NOTE = "serving pod"
+
+
+def report_serving(ctx: Ctx, pods: list[dict[str, Any]]) -> bool:
+    """A serving pod whose fetch fails (an emptyDir cache re-downloads per pod; a token revoked
+    since tuning): ModelFetched=False naming the field and the Hub's answer, and a Warning event,
+    once per distinct failure (the kubelet retries the pod with its back-off); back to True once
+    no serving pod fails and one is ready. True when the status changed."""
+    serving = [p for p in pods if p.get("component") == "serving"]
+    failed = fetch_failure(serving)
+    shown = get_condition(ctx.status.conditions, "ModelFetched")
+    if failed is None:
+        ours = shown is not None and shown.status == "False" and SERVING_NOTE in shown.message
+        if ours and any(p.get("ready") for p in serving):
+            ctx.condition("ModelFetched", "True", "Fetched", "the serving pods fetched the model")
+            return True
+        return False
+    reason, message, _ = describe_failure(ctx.isvc, failed)
+    message = (
+        f"{message} ({SERVING_NOTE} {failed.get('pod')}; the kubelet retries it with back-off)"
+    )
+    if shown is not None and (shown.status, shown.reason, shown.message) == (
+        "False",
+        reason,
+        message,
+    ):
+        return False
+    ctx.condition("ModelFetched", "False", reason, message)
+    log.warning("%s/%s: %s", *ctx.key, message)
+    ctx.event("Warning", reason, message)
+    return True

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from infertune.operator import canary
+from infertune.operator import canary, model_fetch
 from infertune.operator.builders.deployment import deployment_name
 from infertune.operator.conditions import get_condition
 from infertune.operator.context import Ctx, InvalidSpecError, commit, load, log
@@ -70,6 +70,7 @@ async def check(rt: Runtime, body: Any, pods: list[dict[str, Any]]) -> bool:
     except InvalidSpecError:
         return False
     changed = _report(ctx, pods)
+    changed = model_fetch.report_serving(ctx, pods) or changed  # a serving pod's hf:// fetch
     changed = await _stop_surging(ctx, pods) or changed
     return await commit(ctx) if changed else False
 

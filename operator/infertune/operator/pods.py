@@ -33,13 +33,18 @@ def pod_summary(body: Any) -> dict[str, Any]:
             scheduled.get("message") or scheduled.get("reason") or "Unschedulable"
         )
     for cs in st.get("initContainerStatuses") or []:
-        term = (cs.get("state") or {}).get("terminated") or {}
+        state = cs.get("state") or {}
+        term = state.get("terminated") or {}
+        if not term and state.get("waiting"):  # restarted by the kubelet: the last attempt's end
+            term = (cs.get("lastState") or {}).get("terminated") or {}
         if term and not term.get("exitCode") and cs.get("name") == "fetch-model":
             out["fetched"] = term.get("message")  # what it fetched: URIs, commits, bytes
         if term.get("exitCode"):
             # A failed init step (the hf:// fetch): its exit code and message say why.
             out["init_failed"] = {
                 "container": cs.get("name"),
+                "pod": meta.get("name"),
+                "component": labels.get(LABEL_COMPONENT),
                 "exit_code": term.get("exitCode"),
                 "message": term.get("message"),
             }

@@ -270,3 +270,50 @@ def test_serving_pods_emptydir_is_sized_by_what_the_tuning_pod_fetched() -> None
     assert next(v for v in spec["volumes"] if v["name"] == "model-cache")["emptyDir"] == {
         "sizeLimit": "100Gi"
     }
+
+
+def serving_pod(name: str, init_status: dict[str, Any], ready: bool = False) -> dict[str, Any]:
+    labels = {"app.kubernetes.io/component": "serving", "infertune.dev/track": "stable"}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": "n"},
+        "status": {
+            "phase": "Running" if ready else "Pending",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "initContainerStatuses": [{"name": "fetch-model", **init_status}],
+        },
+    }
+
+
+def test_a_serving_pods_failed_fetch_is_reported_once_and_cleared_when_it_serves() -> None:
+    from unittest.mock import MagicMock
+
+    from infertune.operator.api import InferenceServiceStatus
+    from infertune.operator.conditions import get_condition
+    from infertune.operator.context import Ctx
+    from infertune.operator.model_fetch import report_serving
+    from infertune.operator.runtime import Runtime
+
+    isvc = hf_isvc(tokenSecret={"name": "hf"})
+    rt = Runtime(settings=OperatorSettings(), kube=MagicMock(), metrics=MagicMock())
+    st = InferenceServiceStatus()
+    ctx = Ctx(rt=rt, body={}, isvc=isvc, baseline=st.model_copy(), status=st)
+    refused = record("token", "hf://meta-llama/Llama-3.1-8B-Instruct@main", 403, "GatedRepo")
+    # The kubelet restarted the init step: the failure is in lastState while it waits.
+    crashing = {
+        "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": EXIT_PERMANENT, "message": json.dumps(refused)}},
+    }
+    pods = [pod_summary(serving_pod("chat-abc", crashing))]
+    assert report_serving(ctx, pods)
+    shown = get_condition(ctx.status.conditions, "ModelFetched")
+    assert shown is not None and (shown.status, shown.reason) == ("False", "ModelAccessDenied")
+    assert (
+        shown.message.startswith("spec.model.tokenSecret (Secret 'hf'") and "403" in shown.message
+    )
+    assert "chat-abc" in shown.message and len(ctx.events) == 1
+    assert not report_serving(ctx, pods) and len(ctx.events) == 1  # once per distinct failure
+    fixed = {"state": {"terminated": {"exitCode": 0, "message": "{}"}}}
+    assert report_serving(ctx, [pod_summary(serving_pod("chat-def", fixed, ready=True))])
+    shown = get_condition(ctx.status.conditions, "ModelFetched")
+    assert shown is not None and shown.status == "True"
