@@ -16,7 +16,12 @@ from infertune.operator.conditions import get_condition, parse_iso
 from infertune.operator.context import Ctx, commit, load_owner, load_status, log
 from infertune.operator.drift import beats_live
 from infertune.operator.hashing import config_hash, digest, run_hash, tuning_hash
-from infertune.operator.model_fetch import describe_failure, fetch_failure, is_permanent
+from infertune.operator.model_fetch import (
+    describe_failure,
+    fetch_failure,
+    fetched_bytes,
+    is_permanent,
+)
 from infertune.operator.pods import pod_summary
 from infertune.operator.rollout import deployment_state, describe, on_deployment, replace_live
 from infertune.operator.runtime import Runtime
@@ -311,6 +316,8 @@ async def _ingest_summary(
         ctx.condition("Tuned", "False", "NoConfiguration", why)
         ctx.event("Warning", "NoConfiguration", why)
         return
+    # What the served hf:// checkpoint weighs, from the fetch step (sizes an emptyDir cache).
+    config.model_bytes = fetched_bytes(pod, served_uri(ctx.isvc, config)) if pod else None
     image = ctx.rt.settings.image_for(config.candidate().engine)
     # The served URI, as the Deployment hashes it (a variant's, or a pinned hf:// revision).
     config.config_hash = config_hash(config, served_uri(ctx.isvc, config), image)

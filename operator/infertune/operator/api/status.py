@@ -199,6 +199,13 @@ class ServingConfigBase(ApiModel):
         description="The --quantization method of the pre-quantized checkpoint "
         "(spec.model.variants) this int8/int4 configuration was measured with (vLLM/SGLang).",
     )
+    model_bytes: int | None = Field(
+        default=None,
+        ge=0,
+        description="Bytes of the hf:// checkpoint this configuration serves, as the tuning pod's "
+        "fetch step downloaded it; sizes the serving pods' emptyDir model cache when neither "
+        "spec.model.cache.size nor the chart's modelCache.size does.",
+    )
 
     def adapter_options(self) -> EngineOptions | None:
         """The engine version's options to render this configuration's flags (None: unknown)."""
