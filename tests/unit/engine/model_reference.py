@@ -43,17 +43,17 @@ def prompt_ids() -> tuple[tuple[int, ...], ...]:
 
 @dataclass(frozen=True)
 class Reference:
-    """HF transformers fp32 greedy continuation and its teacher-forced logits."""
+    """HF transformers' greedy continuation (fp32 unless asked) and the logits that chose it."""
 
     tokens: tuple[int, ...]  # NEW_TOKENS greedy tokens
     logits: torch.Tensor  # [NEW_TOKENS, vocab]: logits that chose each token
 
 
 @cache
-def hf_reference() -> tuple[Reference, ...]:
+def hf_reference(dtype: torch.dtype = torch.float32) -> tuple[Reference, ...]:
     from transformers import LlamaForCausalLM
 
-    model = LlamaForCausalLM.from_pretrained(tiny_model(), dtype=torch.float32).eval()
+    model = LlamaForCausalLM.from_pretrained(tiny_model(), dtype=dtype).eval()
     refs = []
     with torch.inference_mode():
         for ids in prompt_ids():

@@ -69,13 +69,15 @@ def test_strided_rows_and_threads_do_not_change_the_result() -> None:
 
 
 @needs_kernel
-def test_fp32_cpu_layers_take_the_panel_kernel_and_others_keep_torch_mm() -> None:
+def test_fp32_and_bf16_cpu_layers_take_the_panel_kernels_and_others_keep_torch_mm() -> None:
     weight = torch.randn(48, 32)
     assert isinstance(make_linear(weight, None, quantization="fp32", device="cpu"), PanelLinear)
-    # 20 outputs are not whole panels; bf16 has no panel kernel.
+    # 20 outputs are not whole panels; fp16 has no panel kernel.
     odd = make_linear(torch.randn(20, 32), None, quantization="fp32", device="cpu")
     assert isinstance(odd, PlainLinear)
-    assert isinstance(make_linear(weight, None, quantization="bf16", device="cpu"), PlainLinear)
+    bf16 = make_linear(weight, None, quantization="bf16", device="cpu")
+    assert isinstance(bf16, kernels.Bf16PanelLinear)
+    assert isinstance(make_linear(weight, None, quantization="fp16", device="cpu"), PlainLinear)
     with pytest.raises(ValueError, match="20 output features are not a multiple of 16"):
         kernels.pack_panels(torch.randn(20, 32))
 
@@ -114,7 +116,8 @@ def test_a_prebuilt_kernel_dir_serves_hosts_without_a_compiler(tmp_path: Path) -
     # No compiler at all: only the prebuilt library can make the kernel available.
     env = {"CC": "false", "INFERTUNE_CACHE": str(tmp_path / "empty")}
     out = _describe_in_subprocess({**env, "INFERTUNE_KERNEL_DIR": str(prebuilt.parent)})
-    assert out == f"PanelLinear | native AVX2 kernels ({prebuilt})"
+    isa = "AVX512-BF16" if native_kernels().bf16_isa else "AVX2"  # type: ignore[union-attr]
+    assert out == f"PanelLinear | native kernels, bf16 on {isa} ({prebuilt})"
 
 
 @needs_kernel

@@ -6,16 +6,17 @@ import pytest
 import torch
 from model_reference import NEW_TOKENS, generate_single, hf_reference, prompt_ids, tiny_model
 
-from infertune.engine.kernels import PanelLinear
+from infertune.engine.kernels import PanelLinear, native_kernels
 from infertune.engine.runner import ModelRunner
 
 pytest.importorskip("transformers")
 
 # bf16 keeps 8 mantissa bits and the tiny model's residual stream is bf16 too, so a logit moves
-# by up to ~5-7 % of the top logit (measured); the teacher-forced error is bounded by that. The
-# checkpoint generator gives every greedy choice a margin wider than that error (make_model's
-# recipe 3, where the measurement is), so all 8 continuations must equal the fp32 reference; a
-# divergence reports the reference's margin there, to tell rounding from a bug.
+# by up to ~5-7 % of the top logit (measured); the teacher-forced error against fp32 is bounded
+# by that. Greedy tokens are compared with transformers' own bf16 forward, which rounds where
+# the engine rounds: transformers' bf16 itself leaves the fp32 continuation on 2 of the 8
+# prompts (fp32 margins 0.6 % there), and the engine must follow bf16, not fp32, there too. A
+# divergence reports the fp32 reference's margin there, to tell rounding from a bug.
 BF16_MAX_REL_ERR = 0.10
 
 
@@ -46,22 +47,24 @@ def test_fp32_logits_match_transformers(fp32_path: str) -> None:
         assert err < 1e-4
 
 
-def test_bf16_greedy_equals_fp32_transformers() -> None:
+def test_bf16_greedy_equals_bf16_transformers() -> None:
     runner = ModelRunner(tiny_model(), quantization="bf16", kv_block_size=16, num_kv_blocks=64)
+    assert runner.model.fused is not None or native_kernels() is None  # decode on the fused step
     diverged = []
-    for p, (ids, ref) in enumerate(zip(prompt_ids(), hf_reference(), strict=True)):
+    references = zip(prompt_ids(), hf_reference(), hf_reference(torch.bfloat16), strict=True)
+    for p, (ids, ref, ref_bf16) in enumerate(references):
         seq = list(ids) + list(ref.tokens)
         forced = runner.score(seq)[len(ids) - 1 : len(seq) - 1]
         rel_err = (forced - ref.logits).abs().amax(dim=-1) / ref.logits.abs().amax(dim=-1)
         assert float(rel_err.max()) < BF16_MAX_REL_ERR
         tokens = generate_single(runner, ids, NEW_TOKENS, list(range(8)))
-        if tokens != list(ref.tokens):
+        if tokens != list(ref_bf16.tokens):
             first = next(
-                i for i, (a, b) in enumerate(zip(tokens, ref.tokens, strict=True)) if a != b
+                i for i, (a, b) in enumerate(zip(tokens, ref_bf16.tokens, strict=True)) if a != b
             )
             margin = float(_rel_margins(ref.logits)[first])
             diverged.append(f"prompt {p} at token {first} (fp32 margin {margin:.4f})")
-    assert not diverged, f"bf16 greedy differs from the fp32 reference: {diverged}"
+    assert not diverged, f"bf16 greedy differs from transformers' bf16: {diverged}"
 
 
 @pytest.mark.parametrize(

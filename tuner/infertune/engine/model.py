@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from infertune.engine.config import LlamaConfig
+from infertune.engine.fused import FusedDecode
 from infertune.engine.kernels import NativeKernels, PanelLinear, native_kernels
 from infertune.engine.quant import Linear, PlainLinear, activation_dtype, make_linear
 
@@ -192,6 +193,9 @@ class LlamaModel:
         self.native: NativeKernels | None = None
         if self.dtype == torch.float32 and device == "cpu" and cfg.head_dim % 8 == 0:
             self.native = native_kernels()
+        # fp32/bf16 on CPU with the native kernels: a decode-only step is one native call over
+        # every layer (fused.py); mixed and prefill steps keep the ops below.
+        self.fused = FusedDecode.make(self, native_kernels()) if device == "cpu" else None
 
     @property
     def weight_bytes(self) -> int:
@@ -222,6 +226,13 @@ class LlamaModel:
         cfg = self.cfg
         nq, nkv, hd = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         num_tokens = token_ids.shape[0]
+        if (
+            self.fused is not None
+            and meta.num_decode == num_tokens
+            and not meta.prefills
+            and meta.sample_rows.shape[0] == num_tokens
+        ):
+            return self.lm_head(self.fused.hidden(token_ids, meta, kv_cache)).float()
         num_blocks, block_size = kv_cache.shape[3], kv_cache.shape[4]
         h = self.embed[token_ids]
         cos = self.cos[meta.positions].unsqueeze(1)  # [T, 1, hd]

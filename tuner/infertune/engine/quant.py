@@ -16,7 +16,7 @@ from typing import Protocol
 
 import torch
 
-from infertune.engine.kernels import PANEL, PanelLinear, native_kernels
+from infertune.engine.kernels import PANEL, Bf16PanelLinear, PanelLinear, native_kernels
 
 PLAIN_DTYPES: dict[str, torch.dtype] = {
     "fp32": torch.float32,
@@ -189,10 +189,12 @@ def make_linear(
     dtype = activation_dtype(quantization, device)
     weight = weight.to(device)
     bias = None if bias is None else bias.to(device)
-    if quantization == "fp32" and device == "cpu" and weight.shape[0] % PANEL == 0:
+    if quantization in ("fp32", "bf16") and device == "cpu" and weight.shape[0] % PANEL == 0:
         kernel = native_kernels()
-        if kernel is not None:
+        if kernel is not None and quantization == "fp32":
             return PanelLinear(weight, bias, kernel)
+        if kernel is not None and weight.shape[1] % 2 == 0:
+            return Bf16PanelLinear(weight, bias, kernel)
     if quantization in PLAIN_DTYPES:
         return PlainLinear(weight, bias, dtype)
     if quantization == "int8":

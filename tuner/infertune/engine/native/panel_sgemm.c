@@ -89,4 +89,4 @@ void infertune_panel_sgemm(
 }
 
 /* The ABI version the loader checks (of the whole library), so a stale build is never called. */
-int infertune_kernels_abi(void) { return 3; }
+int infertune_kernels_abi(void) { return 4; }
