@@ -1,7 +1,7 @@
 """Record a search landscape: every configuration of a grid, measured with the built-in engine.
 
     flock /tmp/infertune-measure.lock .venv/bin/python scripts/record_landscape.py \
-        [--out benchmarks/data/landscape_tiny_cpu.json] [--minutes 9]
+        [--out benchmarks/data/landscape_tiny_cpu.json] [--minutes 9] [--workload demo]
 
 Run it again (under the lock each time) until it prints "complete": each invocation records for
 at most --minutes and then stops, and points already in the output file are kept, so the recording
@@ -46,12 +46,37 @@ GRID = {
 }
 REQUESTS_PER_POINT = 24
 NOISE_REPEATS = 16
+# Workload shapes (traffic overrides of the demo's): "demo" is the demo's own traffic; "long-prompt"
+# is retrieval-like, long prompts and short answers, where prefill chunking and precision dominate
+# and the ITL bound rarely binds.
+WORKLOADS: dict[str, dict[str, Any]] = {
+    "demo": {},
+    "long-prompt": {
+        "rate": 1.0,
+        "promptTokens": {"distribution": "uniform", "min": 512, "max": 1536},
+        "outputTokens": {"distribution": "fixed", "mean": 8},
+    },
+}
+# The grid per workload. long-prompt records each point's SLO capacity (a ramp of several load
+# tests per point), so its grid is smaller: no bf16 (no native bf16 matmul on these CPUs: every
+# point misses), one KV block size (it moved nothing on the demo's landscape), a 1024-token step.
+GRIDS: dict[str, dict[str, list[Any]]] = {
+    "demo": GRID,
+    "long-prompt": {
+        "quantization": ["fp32", "int8"],
+        "max_num_seqs": [2, 4, 8, 16, 32],
+        "max_num_batched_tokens": [64, 256, 512, 1024],
+        "kv_block_sizes": [16],
+    },
+}
+# Workloads whose points record SLO capacity (capacity.py) besides the measurement at the rate.
+CAPACITY = {"long-prompt"}
 
 
-def landscape_spec() -> dict[str, Any]:
-    """The demo's SLOs and traffic, fewer requests per point (the arrival rate is the demo's)."""
+def landscape_spec(workload: str = "demo") -> dict[str, Any]:
+    """The demo's SLOs and traffic (with the workload's overrides), fewer requests per point."""
     (doc,) = [d for d in read_documents(ROOT / "examples/demo.yaml") if d]
-    traffic = dict(doc["spec"]["traffic"])
+    traffic = {**doc["spec"]["traffic"], **WORKLOADS[workload]}
     traffic["numRequests"] = min(REQUESTS_PER_POINT, traffic.get("numRequests", 10**9))
     return {
         "model": {"uri": "builtin://tiny", "name": "tiny"},
@@ -61,12 +86,13 @@ def landscape_spec() -> dict[str, Any]:
     }
 
 
-def grid() -> list[Candidate]:
-    return [Candidate("builtin", q, s, t, b, False) for q, s, t, b in product(*GRID.values())]
+def grid(workload: str = "demo") -> list[Candidate]:
+    axes = GRIDS[workload].values()
+    return [Candidate("builtin", q, s, t, b, False) for q, s, t, b in product(*axes)]
 
 
-def noise_points() -> list[Candidate]:
-    g = grid()
+def noise_points(workload: str = "demo") -> list[Candidate]:
+    g = grid(workload)
     return g[:: max(1, len(g) // NOISE_REPEATS)][:NOISE_REPEATS]
 
 
@@ -93,23 +119,25 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("benchmarks/data/landscape_tiny_cpu.json"))
     p.add_argument("--minutes", type=float, default=9.0, help="stop starting points after this")
     p.add_argument("--limit", type=int, help="record at most this many new points, then stop")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="demo")
     args = p.parse_args()
     # SIGTERM unwinds through `finally`, which stops the engine of the point being measured.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     started = time.monotonic()
-    raw_spec = landscape_spec()
+    raw_spec = landscape_spec(args.workload)
     spec = TuningSpec.model_validate(raw_spec)
     hardware = discover(use_gpu=False)
     data = json.loads(args.out.read_text()) if args.out.exists() else {}
-    if data.get("spec") not in (None, raw_spec) or data.get("grid") not in (None, GRID):
+    the_grid = GRIDS[args.workload]
+    if data.get("spec") not in (None, raw_spec) or data.get("grid") not in (None, the_grid):
         raise SystemExit(f"{args.out} was recorded for another spec or grid; move it away first")
     data.update(
         {
             "spec": raw_spec,
-            "grid": GRID,
+            "grid": the_grid,
             "hardware": hardware.describe(),
             "command": "flock /tmp/infertune-measure.lock .venv/bin/python "
-            f"scripts/record_landscape.py --out {args.out}  (repeat until it prints 'complete')",
+            f"scripts/record_landscape.py --out {args.out} --workload {args.workload}  (repeat until it prints 'complete')",
         }
     )
     points: dict[str, dict[str, Any]] = data.setdefault("points", {})
@@ -126,8 +154,8 @@ def main() -> int:
         print("profiling the tiny model (ceilings cached per machine)", flush=True)
         data["profile"] = record_profile(spec, hardware)
         save()
-    todo = [c for c in grid() if c.config_hash not in points]
-    todo += [c for c in noise_points() if c.config_hash not in repeats]
+    todo = [c for c in grid(args.workload) if c.config_hash not in points]
+    todo += [c for c in noise_points(args.workload) if c.config_hash not in repeats]
     runner = TrialRunner(
         spec,
         ensure_model("tiny"),
@@ -143,23 +171,28 @@ def main() -> int:
                 break
             t0 = time.monotonic()
             m = runner.run(c)
+            cap = runner.capacity(c, m) if args.workload in CAPACITY and m.meets_slo else None
             runner.close()  # every grid point starts its own engine, as a trial would
             target = points if c.config_hash not in points else repeats
             entry = m.to_dict()
+            if cap is not None:  # the trial's own ramp (tune.make_evaluator), as a study runs it
+                entry["figures"].update(cap.figures())
+                entry["capacity"] = cap.to_dict()
             entry["recorded_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             entry["loadavg_1m"] = os.getloadavg()[0]  # the shared machine's load at the time
             target[c.config_hash] = entry
             recorded += 1
             print(
-                f"{len(points)}/{len(grid())} (+{len(repeats)} repeats) {c.label()}: {m.status} "
+                f"{len(points)}/{len(grid(args.workload))} (+{len(repeats)} repeats) {c.label()}: {m.status} "
                 f"SLO {'met' if m.meets_slo else 'missed'} goodput {m.goodput:.2f} "
-                f"({time.monotonic() - t0:.0f}s)",
+                + (f"capacity {cap.rps:.2f} " if cap is not None else "")
+                + f"({time.monotonic() - t0:.0f}s)",
                 flush=True,
             )
             save()
     finally:
         runner.close()
-    left = len(grid()) - len(points) + len(noise_points()) - len(repeats)
+    left = len(grid(args.workload)) - len(points) + len(noise_points(args.workload)) - len(repeats)
     print("complete" if left <= 0 else f"{left} measurements left: run again", flush=True)
     return 0
 
@@ -175,8 +208,9 @@ def noise_cv(points: dict[str, dict[str, Any]], repeats: dict[str, dict[str, Any
         first = points.get(key)
         if not first:
             continue
-        a = float(first["figures"].get("goodputRps", 0.0))
-        b = float(again["figures"].get("goodputRps", 0.0))
+        key = "capacityRps" if "capacityRps" in first["figures"] else "goodputRps"
+        a = float(first["figures"].get(key, 0.0))
+        b = float(again["figures"].get(key, 0.0))
         if a + b > 0:
             diffs.append(abs(a - b) / ((a + b) / 2))
     return statistics.median(diffs) / 2**0.5 if diffs else 0.1

@@ -18,7 +18,14 @@ from infertune.tuner.api import SLO, TuningSpec
 from infertune.tuner.api.base import PERCENTILES
 from infertune.tuner.api.slo import SLO_METRICS
 from infertune.tuner.candidate import Candidate
-from infertune.tuner.capacity import CAPACITY_KEY, PROBE_S, Capacity, search_capacity
+from infertune.tuner.capacity import (
+    CAPACITY_KEY,
+    MAX_PROBES,
+    PROBE_S,
+    RESOLUTION,
+    Capacity,
+    search_capacity,
+)
 from infertune.tuner.engines import AdapterError, EngineAdapter, get_adapter
 from infertune.tuner.hardware import Hardware
 from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
@@ -315,7 +322,14 @@ class TrialRunner:
             m.figures[HEALTH_KEY] = round(health.worst_ms, 3)
         return m
 
-    def capacity(self, config: Candidate, floor: Measurement) -> Capacity:
+    def capacity(
+        self,
+        config: Candidate,
+        floor: Measurement,
+        *,
+        max_probes: int = MAX_PROBES,
+        resolution: float = RESOLUTION,
+    ) -> Capacity:
         """The SLO capacity of `config` (capacity.py), ramping from the spec's rate on the engine
         `floor` (the trial at the spec's rate) left running, within what is left of the trial's
         timeout. Closed-loop traffic (no rate) has no rate to ramp: its capacity is not measured."""
@@ -332,7 +346,14 @@ class TrialRunner:
 
         # A probe's own length is about PROBE_S of arrivals and its drain: none starts that could
         # not finish before the trial's timeout.
-        return search_capacity(probe, rate, floor.meets_slo, deadline=end - 2 * PROBE_S)
+        return search_capacity(
+            probe,
+            rate,
+            floor.meets_slo,
+            max_probes=max_probes,
+            resolution=resolution,
+            deadline=end - 2 * PROBE_S,
+        )
 
     def _measurement(
         self,
