@@ -1,4 +1,5 @@
-"""OpenAI request parsing, the chat template and incremental detokenization (no I/O here)."""
+"""OpenAI request parsing, chat prompts by the model's template, and incremental detokenization
+(no I/O here)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
+from infertune.engine.chat_template import ChatTemplate, ChatTemplateError
 from infertune.engine.step import SamplingParams
 
 __all__ = [
@@ -65,11 +67,12 @@ def _flag(body: dict[str, Any], key: str) -> bool:
     return value
 
 
-def apply_chat_template(messages: Any) -> str:
-    """The checkpoint's simple template: ``<|role|>\\ncontent\\n`` per message, then the reply."""
+def apply_chat_template(messages: Any, template: ChatTemplate | None) -> str:
+    """The prompt text of a chat: ``messages`` (validated; content-part lists joined into their
+    text) rendered by the checkpoint's own template with the assistant's turn opened."""
     if not isinstance(messages, list) or not messages:
         raise BadRequestError("messages must be a non-empty list of {role, content}", "messages")
-    parts = []
+    conversation = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise BadRequestError(f"messages[{i}] must be an object with a role", "messages")
@@ -80,22 +83,35 @@ def apply_chat_template(messages: Any) -> str:
                 for p in content
                 if isinstance(p, dict) and p.get("type") == "text"
             )
+        if content is None:  # an assistant turn with only tool calls
+            content = ""
         if not isinstance(content, str):
             raise BadRequestError(f"messages[{i}].content must be a string", "messages")
-        parts.append(f"<|{m['role']}|>\n{content}\n")
-    parts.append("<|assistant|>\n")
-    return "".join(parts)
+        conversation.append({**m, "content": content})
+    if template is None:  # as vLLM: no template, no chat (a guessed format would mislead)
+        raise BadRequestError(
+            "this model has no chat template (chat_template.jinja or tokenizer_config.json's "
+            "chat_template); use /v1/completions with a prompt",
+            "messages",
+        )
+    try:
+        return template.render(conversation, add_generation_prompt=True)
+    except ChatTemplateError as exc:
+        raise BadRequestError(str(exc), "messages") from exc
 
 
-def parse_request(body: Any, tokenizer: Tokenizer, *, chat: bool) -> GenerationRequest:
-    """Validate a ``/v1/completions`` or ``/v1/chat/completions`` body."""
+def parse_request(
+    body: Any, tokenizer: Tokenizer, *, chat: bool, template: ChatTemplate | None = None
+) -> GenerationRequest:
+    """Validate a ``/v1/completions`` or ``/v1/chat/completions`` body (a chat's prompt is
+    ``template``'s rendering, tokenized without added special tokens, as vLLM does)."""
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
     if body.get("n", 1) != 1:
         raise BadRequestError("only n=1 is supported", "n")
     if chat:
-        text = apply_chat_template(body.get("messages"))
-        prompt_ids = list(tokenizer.encode(text).ids)
+        text = apply_chat_template(body.get("messages"), template)
+        prompt_ids = list(tokenizer.encode(text, add_special_tokens=False).ids)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):

@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 from tokenizers import Tokenizer
 
+from infertune.engine.chat_template import load_chat_template
 from infertune.engine.engine import EngineFrontend, EngineOverloadedError, TokenEvent
 from infertune.engine.logprobs import TokenText, chat_logprobs, completion_logprobs
 from infertune.engine.metrics import CONTENT_TYPE, EngineMetrics
@@ -114,6 +115,8 @@ class EngineServer:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.model_dir = model_dir
+        # The checkpoint's own chat template (chat_template.jinja / tokenizer_config.json).
+        self.chat_template = load_chat_template(model_dir) if model_dir is not None else None
         self.metrics = EngineMetrics(model_name, engine.stats)
         self.created = int(time.time())
 
@@ -160,7 +163,7 @@ class EngineServer:
         except (json.JSONDecodeError, UnicodeDecodeError):
             return _error(400, "the request body is not valid JSON", "invalid_request_error")
         try:
-            req = parse_request(body, self.tokenizer, chat=chat)
+            req = parse_request(body, self.tokenizer, chat=chat, template=self.chat_template)
         except BadRequestError as exc:
             return _error(400, str(exc), "invalid_request_error", exc.param)
         if req.model is not None and req.model not in (self.model_name, str(self.model_dir)):
