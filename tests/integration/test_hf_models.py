@@ -157,3 +157,37 @@ def test_bad_repo_revision_and_token_end_with_the_field_and_the_hubs_answer(
         assert isvc(api, namespace, name)["status"]["tuning"].get("finishedAt")
     pods = core.list_namespaced_pod(namespace, label_selector="app.kubernetes.io/component=tuning")
     assert all(p.metadata.deletion_timestamp or p.status.phase == "Failed" for p in pods.items)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_real_tuner_tunes_an_hf_model_from_the_cache(
+    cluster: Any,
+    api: Any,
+    namespace: str,
+    hub: HubServer,
+    hf_operator: OperatorProcess,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same path with the real `infertune tune` in the Job (the pods run as this process's
+    children, so the switch reaches them): one real trial of the built-in engine on the fetched
+    checkpoint, then the Deployment serves it from an emptyDir sized by the fetched bytes."""
+    monkeypatch.setenv("INFERTUNE_REAL_TUNER", "1")
+    doc = hf_demo("hf-real", uri="hf://org/tiny")
+    doc["spec"]["search"] = {
+        "engines": ["builtin"], "quantizations": ["fp32"], "maxNumSeqs": {"values": [8]},
+        "maxNumBatchedTokens": {"values": [128]}, "kvBlockSizes": [16], "cudaGraph": [False],
+    }  # fmt: skip
+    doc["spec"]["slo"] = {"ttft": {"max": "5s"}, "itl": {"max": "500ms"}}
+    doc["spec"]["traffic"].update(numRequests=12, warmupRequests=2, rate=4)
+    doc["spec"]["budget"] = {"maxTrials": 1, "maxDuration": "5m", "trialTimeout": "90s"}
+    doc["spec"].pop("quality", None)
+    apply(cluster, namespace, doc, tmp_path)
+    obj = wait_phase(api, namespace, "hf-real", ("Serving", "Degraded"), hf_operator, timeout=700)
+    live = obj["status"]["live"]
+    assert live["engine"] == "builtin" and live["quantization"] == "fp32"
+    assert obj["status"]["tuning"]["trialsCompleted"] == 1
+    pod = deployment(api, namespace, "hf-real").spec.template.spec
+    (cache,) = [v for v in pod.volumes if v.name == "model-cache"]
+    assert cache.empty_dir.size_limit.endswith("Mi") and live["modelBytes"] > 0
