@@ -62,11 +62,31 @@ class ModelProfile:
     model: dict[str, Any] = field(default_factory=dict)  # ModelShape.to_dict()
     analytic: dict[str, StepModel] = field(default_factory=dict)  # from the floors, unmeasured
     memory_fit: list[str] = field(default_factory=list)  # MemoryFit.text() per engine/precision
+    # engine -> precision -> measured through that engine's API (calibration.py)
+    engines: dict[str, dict[str, PrecisionProfile]] = field(default_factory=dict)
 
-    def step_model(self, quantization: str) -> StepModel | None:
-        """The measured step model of a precision, else its analytic one, else None."""
-        measured = self.precisions.get(quantization)
-        return measured.step_model if measured else self.analytic.get(quantization)
+    def step_model(self, quantization: str, engine: str | None = None) -> StepModel | None:
+        """The step model of a precision on `engine` as measured through its API, else the
+        built-in engine's measured one (for builtin, or when that engine is not calibrated),
+        else the analytic one, else None."""
+        on_engine = self.engines.get(engine or "", {}).get(quantization)
+        if on_engine is not None:
+            return on_engine.step_model
+        if engine in (None, "builtin") or engine not in self.engines:
+            measured = self.precisions.get(quantization)
+            if measured is not None:
+                return measured.step_model
+        return self.analytic.get(quantization)
+
+    def reference_profile(self) -> PrecisionProfile | None:
+        """The reference precision's profile: the built-in engine's, else the first engine's
+        measured through its API."""
+        if self.reference in self.precisions:
+            return self.precisions[self.reference]
+        for by_precision in self.engines.values():
+            if self.reference in by_precision:
+                return by_precision[self.reference]
+        return next((p for e in self.engines.values() for p in e.values()), None)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -78,8 +98,8 @@ class ModelProfile:
         def phase(p: dict[str, Any]) -> PhaseResult:
             return PhaseResult(**p)
 
-        precisions = {
-            q: PrecisionProfile(
+        def precision(p: dict[str, Any]) -> PrecisionProfile:
+            return PrecisionProfile(
                 quantization=p["quantization"],
                 weight_bytes=int(p["weight_bytes"]),
                 kv_bytes_per_token=int(p["kv_bytes_per_token"]),
@@ -89,7 +109,10 @@ class ModelProfile:
                 decode_batched=phase(p["decode_batched"]),
                 step_model=StepModel(**p["step_model"]),
             )
-            for q, p in raw.get("precisions", {}).items()
+
+        precisions = {q: precision(p) for q, p in raw.get("precisions", {}).items()}
+        engines = {
+            e: {q: precision(p) for q, p in by.items()} for e, by in raw.get("engines", {}).items()
         }
         return cls(
             hardware=str(raw["hardware"]),
@@ -100,6 +123,7 @@ class ModelProfile:
             model=dict(raw.get("model", {})),
             analytic={q: StepModel(**m) for q, m in raw.get("analytic", {}).items()},
             memory_fit=list(raw.get("memory_fit", [])),
+            engines=engines,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -109,7 +133,7 @@ class ModelProfile:
             "memoryBandwidthGbps": round(self.ceilings.memory_bandwidth_gbps, 3),
             "peakTflops": round(self.ceilings.peak_tflops, 6),
         }
-        ref = self.precisions.get(self.reference)
+        ref = self.reference_profile()
         if ref is not None:
             out["prefill"] = ref.prefill.to_wire()
             out["decode"] = ref.decode.to_wire()

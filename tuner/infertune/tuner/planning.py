@@ -120,7 +120,7 @@ def _bucket(score: float, best: float) -> int:
 def prediction_for(c: Candidate, spec: TuningSpec, profile: ModelProfile) -> Prediction:
     """The step-time model's steady state for `c` under the spec's traffic."""
     t = spec.traffic
-    step = profile.step_model(c.quantization) or StepModel(1.0, 0.1)
+    step = profile.step_model(c.quantization, c.engine) or StepModel(1.0, 0.1)
     return predict(
         step,
         rate=t.rate,

@@ -31,9 +31,9 @@ from infertune.tuner.modelprofile import ModelProfile, PhaseResult, PrecisionPro
 from infertune.tuner.roofline import (
     Ceilings,
     PhaseFloor,
-    StepModel,
     classify,
     decode_floor,
+    fit_step_model,
     kv_dtype,
     prefill_floor,
 )
@@ -183,17 +183,6 @@ def _phase(
         host_gap_ms=None if trace is None else trace[1],
         operators=None if trace is None else trace[2],
     )
-
-
-def fit_step_model(points: list[tuple[int, float]]) -> StepModel:
-    """Least-squares line t = fixed + per_token * tokens through (tokens, ms) points."""
-    n = len(points)
-    mx = sum(p[0] for p in points) / n
-    my = sum(p[1] for p in points) / n
-    var = sum((p[0] - mx) ** 2 for p in points)
-    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / var if var else 0.0
-    slope = max(slope, 0.0)
-    return StepModel(fixed_ms=max(my - slope * mx, 0.0), per_token_ms=slope)
 
 
 def profile_precision(

@@ -1,23 +1,28 @@
-"""Quality guard: does a quantized precision still predict what the reference precision predicts?
+"""Quality guard: does a quantized precision still predict what the reference precision predicts,
+on the engine that would serve it?
 
-On the spec's evaluation prompts (built-in ones when it gives none) the reference precision
-generates `evalTokens` greedy tokens; each candidate precision then reads the same sequences
-(teacher forcing), so both are compared on identical contexts: top-1 agreement of the next token
-and the mean KL(reference || candidate) of the next-token distributions. The built-in engine's model
-code is used for every engine (it is the same checkpoint and the same weight-quantization recipe);
-GGUF Q4_0 and vLLM's kernels round differently, so for those engines this is an estimate.
+Measured through the engine's own OpenAI API (quality_api.py), never with the tuner's own model
+code: the reference precision, served by the same engine, greedily continues the evaluation
+prompts (the spec's, else the built-in ones) by `evalTokens`; both precisions then score the same
+token sequences (teacher forcing), and the top-k log-probabilities of the continuation's
+positions give the top-1 agreement and the KL divergence; the held-out text shipped with the
+project (data/heldout.txt) gives each precision's perplexity. Torch-free: the arithmetic here.
+
+KL from top-k (k = TOP_K, the most vLLM returns by default): both distributions are coarsened to
+the reference's top-k tokens plus one bucket for the rest, which by the data-processing
+inequality is a lower bound of the full KL; a reference token missing from the candidate's top-k
+takes the candidate's k-th log-probability (an upper bound of its own, so the estimate stays low
+rather than inventing divergence).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
-import torch
-
-from infertune.engine.runner import ModelRunner, StepInput
 from infertune.tuner.api import QualityGuard
 
 DEFAULT_PROMPTS = (
@@ -31,6 +36,16 @@ DEFAULT_PROMPTS = (
     "The results of the experiment show that the new method",
 )
 MAX_PROMPT_TOKENS = 96
+TOP_K = 20
+
+# One position's answer: token id -> log-probability for the top-k (and the scored token).
+TopK = Mapping[int, float]
+
+
+def heldout_text() -> str:
+    """The held-out plain-English text perplexity is measured on (written for this project and
+    dedicated to the public domain: no model has seen it)."""
+    return resources.files("infertune.tuner").joinpath("data/heldout.txt").read_text("utf-8")
 
 
 @dataclass
@@ -43,86 +58,117 @@ class QualityResult:
     tokens: int
     passed: bool
     reason: str | None = None
+    engine: str = ""
+    perplexity: float | None = None
+    reference_perplexity: float | None = None
+    perplexity_tokens: int = 0
+    method: str = ""  # how the engine was asked: echo (prompt logprobs) or stepwise
+
+    @property
+    def perplexity_increase(self) -> float | None:
+        """Relative perplexity increase over the reference (0.05 = +5%)."""
+        if self.perplexity is None or not self.reference_perplexity:
+            return None
+        return self.perplexity / self.reference_perplexity - 1.0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["perplexity_increase"] = self.perplexity_increase
+        return out
+
+    def figures(self) -> str:
+        """The measured figures, for a reason or a log line."""
+        text = f"top-1 agreement {self.top1_agreement:.3f}, KL {self.kl_divergence:.4f}"
+        if self.perplexity is not None and self.reference_perplexity is not None:
+            text += (
+                f", perplexity {self.perplexity:.2f} vs {self.reference_perplexity:.2f} "
+                f"({100 * (self.perplexity_increase or 0.0):+.1f}%)"
+            )
+        return text
 
 
-def _tokenize(model_dir: Path, prompts: list[str]) -> list[list[int]]:
-    from tokenizers import Tokenizer
-
-    tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
-    return [tok.encode(p).ids[:MAX_PROMPT_TOKENS] or [1] for p in prompts]
+def top1(dist: TopK) -> int:
+    return max(dist, key=lambda t: dist[t])
 
 
-def _run(
-    runner: ModelRunner, prompts: list[list[int]], steps: int, forced: list[list[int]] | None
-) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Greedy tokens (or `forced` ones) and the log-softmax of every next-token distribution."""
-    block = runner.block_size
-    per_seq = math.ceil((MAX_PROMPT_TOKENS + steps + 2) / block)
-    tables = [list(range(i * per_seq, (i + 1) * per_seq)) for i in range(len(prompts))]
-    batch = [StepInput(i, list(p), 0, tables[i], True) for i, p in enumerate(prompts)]
-    tokens: list[list[int]] = [[] for _ in prompts]
-    logps: list[torch.Tensor] = []
-    pos = [len(p) for p in prompts]
-    for step in range(steps):
-        logits, order = runner.forward_logits(batch)
-        lp = torch.log_softmax(logits.float(), dim=-1)
-        by_input = torch.empty_like(lp)
-        by_input[torch.tensor(order)] = lp
-        logps.append(by_input.cpu())
-        nxt = by_input.argmax(dim=-1).tolist()
-        for i in range(len(prompts)):
-            tokens[i].append(forced[i][step] if forced is not None else int(nxt[i]))
-        batch = [
-            StepInput(i, [tokens[i][-1]], pos[i] + step, tables[i], True)
-            for i in range(len(prompts))
-        ]
-    return tokens, logps
+def kl_topk(ref: TopK, cand: TopK, k: int = TOP_K) -> float:
+    """KL(ref || cand) over ref's k most likely tokens plus one bucket for the rest."""
+    ranked = sorted(ref, key=lambda t: ref[t], reverse=True)[:k]
+    floor = min(cand.values()) if cand else -30.0
+    kl = 0.0
+    p_rest, q_rest = 1.0, 1.0
+    for t in ranked:
+        lp = ref[t]
+        lq = min(cand.get(t, floor), 0.0)
+        p = math.exp(lp)
+        kl += p * (lp - lq)
+        p_rest -= p
+        q_rest -= math.exp(lq)
+    p_rest, q_rest = max(p_rest, 0.0), max(q_rest, 1e-12)
+    if p_rest > 1e-12:
+        kl += p_rest * math.log(p_rest / q_rest)
+    return max(kl, 0.0)
 
 
-def compare(
-    model_dir: Path, reference: str, candidates: list[str], guard: QualityGuard, device: str = "cpu"
-) -> dict[str, QualityResult]:
-    """Quality of each candidate precision against `reference` (the reference itself passes)."""
-    prompts = _tokenize(model_dir, list(guard.prompts) or list(DEFAULT_PROMPTS))
-    steps = guard.eval_tokens
-    blocks = len(prompts) * math.ceil((MAX_PROMPT_TOKENS + steps + 2) / 16) + 1
+def agreement(ref: Sequence[TopK], cand: Sequence[TopK]) -> tuple[float, float]:
+    """(top-1 agreement, mean KL) over positions scored by both."""
+    n = len(ref)
+    if n == 0 or len(cand) != n:
+        raise ValueError(f"scored {n} reference positions and {len(cand)} candidate ones")
+    agree = sum(top1(r) == top1(c) for r, c in zip(ref, cand, strict=True))
+    kl = sum(kl_topk(r, c) for r, c in zip(ref, cand, strict=True))
+    return agree / n, kl / n
 
-    def runner(q: str) -> ModelRunner:
-        return ModelRunner(
-            model_dir, quantization=q, kv_block_size=16, num_kv_blocks=blocks, device=device
-        )
 
-    with torch.inference_mode():
-        ref_tokens, ref_logps = _run(runner(reference), prompts, steps, None)
-        out: dict[str, QualityResult] = {}
-        for q in dict.fromkeys(candidates):
-            if q == reference:
-                out[q] = QualityResult(
-                    q, reference, 1.0, 0.0, len(prompts), len(prompts) * steps, True
-                )
-                continue
-            _, logps = _run(runner(q), prompts, steps, ref_tokens)
-            agree = 0
-            kl = 0.0
-            for ref, cand in zip(ref_logps, logps, strict=True):
-                agree += int((ref.argmax(-1) == cand.argmax(-1)).sum())
-                kl += float((ref.exp() * (ref - cand)).sum(-1).sum())
-            n = len(prompts) * steps
-            out[q] = judge(q, reference, agree / n, kl / n, len(prompts), n, guard)
-    return out
+def perplexity(logprobs: Sequence[float]) -> float:
+    """exp of the mean negative log-likelihood of the text's tokens."""
+    if not logprobs:
+        raise ValueError("no token scored")
+    return math.exp(-sum(logprobs) / len(logprobs))
 
 
 def judge(
-    q: str, reference: str, top1: float, kl: float, prompts: int, tokens: int, guard: QualityGuard
+    q: str,
+    reference: str,
+    top1_agreement: float,
+    kl: float,
+    prompts: int,
+    tokens: int,
+    guard: QualityGuard,
+    **measured: Any,
 ) -> QualityResult:
+    """The result with every bound the spec sets checked; the reason names each one missed and
+    carries every figure measured."""
+    result = QualityResult(q, reference, top1_agreement, kl, prompts, tokens, True, **measured)
     reasons = []
-    if top1 < guard.min_top1_agreement:
-        reasons.append(f"top-1 agreement {top1:.3f} < minTop1Agreement {guard.min_top1_agreement}")
+    if top1_agreement < guard.min_top1_agreement:
+        reasons.append(
+            f"top-1 agreement {top1_agreement:.3f} < minTop1Agreement {guard.min_top1_agreement}"
+        )
     if guard.max_kl_divergence is not None and kl > guard.max_kl_divergence:
         reasons.append(f"KL divergence {kl:.4f} > maxKlDivergence {guard.max_kl_divergence}")
-    return QualityResult(
-        q, reference, top1, kl, prompts, tokens, not reasons, "; ".join(reasons) or None
-    )
+    rise = result.perplexity_increase
+    bound = guard.max_perplexity_increase
+    if bound is not None and rise is not None and rise > bound:
+        reasons.append(
+            f"perplexity +{100 * rise:.1f}% > maxPerplexityIncrease {bound} (+{100 * bound:.1f}%)"
+        )
+    if reasons:
+        result.passed = False
+        where = f" on {result.engine}" if result.engine else ""
+        result.reason = (
+            f"{q} vs {reference}{where}: " + "; ".join(reasons) + f" ({result.figures()})"
+        )
+    return result
+
+
+def shortfall(result: QualityResult, guard: QualityGuard) -> float:
+    """How far a failed result is from passing, as a share of its worst bound (the study's
+    constraint value for an infeasible-quality trial)."""
+    worst = max(guard.min_top1_agreement - result.top1_agreement, 0.0)
+    if guard.max_kl_divergence:
+        worst = max(worst, result.kl_divergence / guard.max_kl_divergence - 1.0)
+    rise = result.perplexity_increase
+    if guard.max_perplexity_increase is not None and rise is not None:
+        worst = max(worst, rise - guard.max_perplexity_increase)
+    return max(worst, 1e-3)

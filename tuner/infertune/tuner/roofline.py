@@ -198,6 +198,17 @@ class StepModel:
         return self.fixed_ms + self.per_token_ms * tokens
 
 
+def fit_step_model(points: list[tuple[int, float]]) -> StepModel:
+    """Least-squares line t = fixed + per_token * tokens through (tokens, ms) points."""
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    var = sum((p[0] - mx) ** 2 for p in points)
+    slope = sum((p[0] - mx) * (p[1] - my) for p in points) / var if var else 0.0
+    slope = max(slope, 0.0)
+    return StepModel(fixed_ms=max(my - slope * mx, 0.0), per_token_ms=slope)
+
+
 @dataclass
 class Prediction:
     ttft_ms: float

@@ -191,6 +191,12 @@ class TrialRunner:
         except ValueError as exc:
             raise TrialError("unsupported", str(exc)) from exc
 
+    def serve(self, config: Candidate) -> tuple[str, str]:
+        """An engine serving `config`, left running for the trial that follows (the quality
+        guard's): its base URL and served model name. TrialError when it cannot start."""
+        engine, _ = self._engine_for(config, float(self.spec.budget.trial_timeout))
+        return engine.url, engine.launch.served_model_name
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.stop()

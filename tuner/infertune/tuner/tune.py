@@ -17,6 +17,7 @@ from optuna.trial import TrialState
 
 from infertune.engine.config import ConfigError, LlamaConfig
 from infertune.tuner.api import TuningSpec
+from infertune.tuner.calibration import EngineCalibrator
 from infertune.tuner.campaign import apply as apply_campaign
 from infertune.tuner.campaign import run_campaign
 from infertune.tuner.candidate import Candidate
@@ -29,7 +30,8 @@ from infertune.tuner.modelprofile import ModelProfile
 from infertune.tuner.models import resolve_model
 from infertune.tuner.planning import SeedPlanner, prune_by_roofline
 from infertune.tuner.process import in_child, isolate_gpu_work
-from infertune.tuner.quality import QualityResult
+from infertune.tuner.quality import QualityResult, shortfall
+from infertune.tuner.quality_guard import EngineQuality
 from infertune.tuner.result import TrialRecord, TuningResult, binding_constraint, cost_summary
 from infertune.tuner.roofline import ceiling_dtypes, floor_step_model
 from infertune.tuner.search import (
@@ -63,43 +65,6 @@ class TuneOptions:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class QualityCache:
-    """Quality per precision, measured once (all precisions at once: one reference run). With
-    `isolate` (a GPU) it runs in a child process, before the study (`prepare`): no engine is up."""
-
-    def __init__(
-        self,
-        spec: TuningSpec,
-        model_dir: Path,
-        device: str,
-        quants: list[str],
-        *,
-        isolate: bool = False,
-    ) -> None:
-        self.spec = spec
-        self.model_dir = model_dir
-        self.device = device
-        self.quants = quants
-        self.isolate = isolate
-        self.results: dict[str, QualityResult] = {}
-
-    def prepare(self) -> None:
-        guard = self.spec.quality
-        if guard.enabled and any(q != guard.reference for q in self.quants):
-            self.get(next(q for q in self.quants if q != guard.reference))
-
-    def get(self, quantization: str) -> QualityResult | None:
-        guard = self.spec.quality
-        if not guard.enabled or quantization == guard.reference:
-            return None
-        if not self.results:
-            from infertune.tuner.quality import compare
-
-            args = (self.model_dir, guard.reference, self.quants, guard, self.device)
-            self.results = in_child(compare, *args) if self.isolate else compare(*args)
-        return self.results.get(quantization)
-
-
 def _evaluation(
     m: Measurement, quality: QualityResult | None, capacity: Capacity | None = None
 ) -> Evaluation:
@@ -121,18 +86,18 @@ def _evaluation(
 
 
 def make_evaluator(
-    spec: TuningSpec, runner: TrialRunner, quality: QualityCache
+    spec: TuningSpec, runner: TrialRunner, quality: EngineQuality
 ) -> Callable[[Candidate, ReportFn], Evaluation]:
     def evaluate(config: Candidate, report: ReportFn) -> Evaluation:
-        q = quality.get(config.quantization)
+        q = quality.get(config)  # measured on the engine serving `config`, on first ask
         if q is not None and not q.passed:
-            # Infeasible before any load test: the measured figure is recorded, no engine starts.
+            # Infeasible before any load test: the measured figures are recorded.
             return Evaluation(
                 config,
                 "infeasible-quality",
                 reason=q.reason,
                 quality=q.to_dict(),
-                quality_shortfall=max(spec.quality.min_top1_agreement - q.top1_agreement, 1e-3),
+                quality_shortfall=shortfall(q, spec.quality),
             )
         m = runner.run(config, report)
         # The goodput objective ranks by SLO capacity (capacity.py): ramp a configuration that
@@ -278,13 +243,16 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
             opts.log(f"seed {len(planner.planned)}/{SEED_COUNT}: {planned.label()}{calibrated}")
         return planned
 
-    quants = sorted({q for e in space.engines.values() for q in e.quantizations})
-    isolate = isolate_gpu_work(hardware.is_gpu)
-    quality = QualityCache(spec, model_dir, hardware.device, quants, isolate=isolate)
-    if isolate:
-        quality.prepare()  # in a child that has exited before the first engine starts
     runner = TrialRunner(spec, model_dir, opts.out / "work", hardware, seed=seed or 0)
+    # Quality and calibration through the API of the engine under test, on the trials' engines:
+    # no weights are loaded in the tuner.
+    calibrator = EngineCalibrator(
+        spec, profile, analysis.shape, vocab=analysis.shape.vocab_size if analysis.shape else 0,
+        log=opts.log,
+    )  # fmt: skip
+    quality = EngineQuality(spec, model_dir, runner.serve, log=opts.log, on_served=calibrator)
     try:
+        calibrator.before_study(space, runner.serve, quality)
         campaign = run_campaign(
             study,
             space,
@@ -351,7 +319,7 @@ def assemble(
     hardware: Hardware,
     profile: ModelProfile | None,
     space: Space,
-    quality: QualityCache,
+    quality: EngineQuality,
     max_trials: int,
     multi: bool,
     cost: CostBasis | None = None,

@@ -20,6 +20,14 @@ class QualityGuard(ApiModel):
         ge=0,
         description="Mean KL(reference || candidate) of next-token distributions.",
     )
+    max_perplexity_increase: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Largest relative perplexity increase over the reference on the project's held-out "
+            "text (0.05 = +5%), measured on the engine that serves the candidate."
+        ),
+    )
     prompts: list[str] = Field(
         default_factory=list,
         max_length=1000,
