@@ -24,8 +24,13 @@ from infertune.tuner.space import Space, build_space
 from infertune.tuner.study import (
     HEARTBEAT_ATTR,
     STALE_ATTR,
+    WorkerStudy,
+    await_other_worker,
     candidate_of,
+    claim_slot,
     counted,
+    fail_stale,
+    give_back,
     in_flight,
     make_sampler,
     measuring_seconds,
@@ -33,6 +38,7 @@ from infertune.tuner.study import (
     params_of,
     settle,
     shared_storage_problem,
+    storage_for,
     suggest,
     wait_for_slot,
 )
@@ -198,3 +204,62 @@ def test_in_flight_and_candidate_of_invert_params_of(tmp_path: Path) -> None:
     t = s.ask()
     assert suggest(t, space) == config
     assert in_flight(s, space) == {config}
+
+
+def test_every_asked_trial_beats_until_told_whoever_asks_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/study.db"
+    _study(url)
+    s = WorkerStudy("par", storage_for(url), heartbeat_interval=0.05)
+    t = s.ask()  # asked as the race does: no Heartbeat context around it
+    first = s.get_trials()[0].user_attrs[HEARTBEAT_ATTR]
+    time.sleep(0.4)
+    later = s.get_trials()[0].user_attrs[HEARTBEAT_ATTR]
+    assert later > first
+    # Another worker checking for dead ones with a short grace finds it alive.
+    assert fail_stale(_study(url), grace=0.3) == []
+    s.tell(t, 1.0)
+    done = s.get_trials()[0].user_attrs[HEARTBEAT_ATTR]
+    time.sleep(0.3)
+    assert s.get_trials()[0].user_attrs[HEARTBEAT_ATTR] == done  # stopped with the trial
+
+
+def test_workers_that_took_the_last_slot_at_once_give_way_newest_first(tmp_path: Path) -> None:
+    s = _study(f"sqlite:///{tmp_path}/study.db")
+    for _ in range(2):
+        t = s.ask()
+        s.tell(t, 1.0)
+    a, b = s.ask(), s.ask()  # both passed wait_for_slot with a budget of 3
+    assert claim_slot(s, a, 3) and not claim_slot(s, b, 3)
+    give_back(s, b)
+    assert claim_slot(s, a, 3)
+    assert len(counted(s)) == 3  # 2 done + a running; the given-back trial counts nowhere
+    s.tell(a, 2.0)
+    assert len(counted(s)) == 3 and not wait_for_slot(s, 3, 600)
+
+
+def test_a_configuration_another_worker_measures_is_awaited_not_measured_twice(
+    tmp_path: Path,
+) -> None:
+    space = _space()
+    s = _study(f"sqlite:///{tmp_path}/study.db")
+    config = Candidate(engine="builtin", quantization="int8", max_num_seqs=4,
+                       max_num_batched_tokens=256, kv_block_size=16, cuda_graph=False)  # fmt: skip
+    s.enqueue_trial(params_of(config, space))
+    s.enqueue_trial(params_of(config, space))
+    older, newer = s.ask(), s.ask()
+    assert suggest(older, space) == suggest(newer, space) == config
+    polls: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        s.tell(older, 3.0)  # the older one's measurement arrives
+
+    assert await_other_worker(s, space, config, newer.number, sleep=sleep)
+    assert len(polls) == 1
+    # The older trial never waits for the newer one (no deadlock when both were proposed it).
+    s2 = _study(f"sqlite:///{tmp_path}/study.db", name="other")
+    s2.enqueue_trial(params_of(config, space))
+    s2.enqueue_trial(params_of(config, space))
+    first, second = s2.ask(), s2.ask()
+    suggest(first, space), suggest(second, space)
+    assert not await_other_worker(s2, space, config, first.number, sleep=sleep)

@@ -28,7 +28,10 @@ from infertune.tuner.study import (
     OUTCOME_ATTR,
     SEED_ATTR,
     Heartbeat,
+    await_other_worker,
+    claim_slot,
     counted,
+    give_back,
     in_flight,
     params_of,
     settle,
@@ -229,7 +232,13 @@ def run_study(
         if asks > 4 * max_trials + 20:  # the sampler keeps proposing measured points: converged
             break
         trial = study.ask()
+        if not claim_slot(study, trial, max_trials):  # another worker took the last slot
+            give_back(study, trial)
+            continue
         config = suggest(trial, space)
+        await_other_worker(study, space, config, trial.number, stale_after)
+        for c, done in recorded(study).items():  # measured meanwhile by another worker?
+            measured.setdefault(c, done)
         previous = measured.get(config)
         if previous is not None:
             # A repeat spends no measurement and does not count against the budget.

@@ -24,9 +24,10 @@ that configuration (Optuna's RetryFailedTrialCallback, in effect), so the budget
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from optuna.trial import FrozenTrial, TrialState
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.space import Space
 
+_log = logging.getLogger(__name__)
 HEARTBEAT_ATTR = "heartbeat"
 OUTCOME_ATTR = "outcome"  # ok | stopped | failed | pruned | infeasible-quality
 STALE_ATTR = "failed_by_heartbeat"
@@ -162,14 +164,48 @@ def candidate_of(params: dict[str, Any], space: Space) -> Candidate | None:
     return Candidate(engine=str(engine), **{k: params[n] for k, n in names.items()})
 
 
-def in_flight(study: optuna.Study, space: Space) -> set[Candidate]:
-    """Configurations RUNNING now (in other workers, when called between trials)."""
+def in_flight(study: optuna.Study, space: Space, older_than: int | None = None) -> set[Candidate]:
+    """Configurations RUNNING now (in other workers, when called between trials); with
+    `older_than`, only in trials asked before that trial number."""
     out = set()
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         c = candidate_of(dict(t.params), space)
-        if c is not None:
+        if c is not None and (older_than is None or t.number < older_than):
             out.add(c)
     return out
+
+
+def await_other_worker(
+    study: optuna.Study,
+    space: Space,
+    config: Candidate,
+    trial_number: int,
+    stale_after: float = GRACE_PERIOD,
+    *,
+    poll: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """When another worker is measuring `config` now (the sampler proposed it to both), wait for
+    its measurement instead of making a second one; True when it waited. Only an older trial is
+    waited for, so two workers proposed the same configuration at once never wait for each
+    other. A dead worker's trial goes stale meanwhile, and then this one measures it."""
+    waited = False
+    settling = 0.0  # an older trial whose parameters are still being written: a moment's wait
+    while True:
+        older = [
+            candidate_of(dict(t.params), space)
+            for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,))
+            if t.number < trial_number
+        ]
+        if config in older:
+            waited = True
+            sleep(poll)
+            fail_stale(study, stale_after)
+        elif None in older and settling < 2.0:
+            sleep(0.05)
+            settling += 0.05
+        else:
+            return waited
 
 
 def open_study(
@@ -187,7 +223,7 @@ def open_study(
         if multi_objective
         else [single]
     )
-    return optuna.create_study(
+    created = optuna.create_study(
         study_name=name,
         storage=storage_for(storage),
         sampler=sampler,
@@ -197,12 +233,84 @@ def open_study(
         # trials whose partial goodput merely trails, including ones that meet every bound.
         pruner=optuna.pruners.NopPruner(),
     )
+    return WorkerStudy(name, created._storage, sampler=sampler, pruner=created.pruner)
 
 
-def counted(study: optuna.Study) -> list[FrozenTrial]:
-    """Trials that spend the budget: finished measurements, not repeats of a measured
-    configuration nor trials failed because their worker died."""
-    return [t for t in study.get_trials(deepcopy=False) if _spent(t)]
+class WorkerStudy(optuna.Study):
+    """A study whose every trial this process asks records its heartbeat until it is told, from
+    one daemon thread: whatever code asks (the study loop, the race, a warm start), a live
+    worker's trial is never failed as stale by the others, and a dead worker's trials stop
+    beating together."""
+
+    def __init__(self, *args: Any, heartbeat_interval: float = HEARTBEAT_INTERVAL, **kw: Any):
+        super().__init__(*args, **kw)
+        self._beating: set[int] = set()
+        self._beat_lock = threading.Lock()
+        self._beat_interval = heartbeat_interval
+        self._beat_thread: threading.Thread | None = None
+
+    def ask(self, fixed_distributions: dict[str, Any] | None = None) -> optuna.Trial:
+        trial = super().ask(fixed_distributions)
+        self._storage.set_trial_user_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())
+        with self._beat_lock:
+            self._beating.add(trial._trial_id)
+            if self._beat_thread is None:
+                self._beat_thread = threading.Thread(
+                    target=self._beat, name="infertune-worker-heartbeat", daemon=True
+                )
+                self._beat_thread.start()
+        return trial
+
+    def tell(
+        self,
+        trial: optuna.Trial | int,
+        values: float | Sequence[float] | None = None,
+        state: TrialState | None = None,
+        skip_if_finished: bool = False,
+    ) -> FrozenTrial:
+        try:
+            return super().tell(trial, values, state, skip_if_finished)
+        finally:
+            trial_id = (
+                trial._trial_id
+                if isinstance(trial, optuna.Trial)
+                else self._storage.get_trial_id_from_study_id_trial_number(self._study_id, trial)
+            )
+            with self._beat_lock:
+                self._beating.discard(trial_id)
+
+    def _beat(self) -> None:
+        while True:
+            time.sleep(self._beat_interval)
+            with self._beat_lock:
+                ids = list(self._beating)
+            for trial_id in ids:
+                try:
+                    self._storage.set_trial_user_attr(trial_id, HEARTBEAT_ATTR, time.time())
+                except (RuntimeError, ValueError, KeyError):  # finished elsewhere (failed stale)
+                    with self._beat_lock:
+                        self._beating.discard(trial_id)
+                except Exception as exc:  # a database hiccup: beat again next time
+                    _log.warning("heartbeat of trial %s not recorded: %s", trial_id, exc)
+
+
+def counted(study: optuna.Study, grace: float = GRACE_PERIOD) -> list[FrozenTrial]:
+    """Trials that spend the budget: finished measurements and the ones other workers are
+    measuring now (RUNNING, heartbeat within the grace period), not repeats of a measured
+    configuration nor trials failed because their worker died. Called between this worker's own
+    trials, so a loop that stops at `maxTrials` counted ones (the study loop, the race) does not
+    start a trial the other workers' running ones already hold the budget for."""
+    now = time.time()
+    return [
+        t
+        for t in study.get_trials(deepcopy=False)
+        if _spent(t) or (_running([t]) and now - _last_beat(t) <= grace)
+    ]
+
+
+def _last_beat(t: FrozenTrial) -> float:
+    start = t.datetime_start.timestamp() if t.datetime_start else 0.0
+    return float(t.user_attrs.get(HEARTBEAT_ATTR, start))
 
 
 def _spent(t: FrozenTrial) -> bool:
@@ -218,11 +326,7 @@ def fail_stale(study: optuna.Study, grace: float = GRACE_PERIOD) -> list[int]:
     failed: list[int] = []
     storage = study._storage
     for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        beat = float(
-            t.user_attrs.get(
-                HEARTBEAT_ATTR, t.datetime_start.timestamp() if t.datetime_start else 0
-            )
-        )
+        beat = _last_beat(t)
         if now - beat <= grace:
             continue
         storage.set_trial_user_attr(t._trial_id, STALE_ATTR, True)
@@ -319,6 +423,23 @@ def wait_for_slot(
         if done + len(_running(trials)) < max_trials:
             return True
         sleep(poll)
+
+
+def claim_slot(study: optuna.Study, trial: optuna.Trial, max_trials: int) -> bool:
+    """After `ask()`: whether this trial is within the budget. Workers that passed
+    `wait_for_slot` at the same moment may together hold more trials than it allows; the newest
+    of them give way (`give_back`), so the study measures exactly `maxTrials`."""
+    trials = study.get_trials(deepcopy=False)
+    running = sorted(t.number for t in _running(trials))
+    excess = sum(1 for t in trials if _spent(t)) + len(running) - max_trials
+    return excess <= 0 or trial.number not in running[-excess:]
+
+
+def give_back(study: optuna.Study, trial: optuna.Trial) -> None:
+    """End a trial that was asked but not measured (over the budget): FAIL, marked like an
+    answered repeat, so neither the budget, the report nor the sampler counts it."""
+    trial.set_user_attr(DUPLICATE_ATTR, "over-budget")
+    study.tell(trial, state=TrialState.FAIL)
 
 
 def settle(

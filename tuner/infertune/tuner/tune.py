@@ -42,7 +42,14 @@ from infertune.tuner.search import (
     minimises,
 )
 from infertune.tuner.space import Space, build_space, why_unavailable
-from infertune.tuner.study import DUPLICATE_ATTR, SEED_ATTR, STALE_ATTR, make_sampler, open_study
+from infertune.tuner.study import (
+    DUPLICATE_ATTR,
+    SEED_ATTR,
+    STALE_ATTR,
+    make_sampler,
+    open_study,
+    settle,
+)
 from infertune.tuner.trial import Measurement, TrialRunner
 
 SEED_COUNT = 5
@@ -270,6 +277,7 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
         )
     finally:
         runner.close()
+    settle(study, opts.stale_after)  # other workers' last trials (budget.parallelTrials)
     result = assemble(study, spec, hardware, profile, space, quality, max_trials, multi, cost)
     apply_campaign(result, campaign)  # the race's winner, its advantages, the warm start
     result.seeds = [c.to_dict() for c in planner.planned] if planner else []
