@@ -68,7 +68,14 @@ class Budget(ApiModel):
     max_duration: Duration = Field(
         default=Duration("1h"), description="Wall-time cap for the study."
     )
-    parallel_trials: int = Field(default=1, ge=1, le=64)
+    parallel_trials: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Tuning workers at once (pods of the tuning Job) sharing one study; more than "
+        "one needs the operator's shared study storage (chart storage.type postgresql or "
+        "external). The budget is counted across them.",
+    )
     trial_timeout: Duration = Field(default=Duration("10m"), description="Cap per trial.")
 
 
