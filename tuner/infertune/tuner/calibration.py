@@ -7,8 +7,9 @@ DECODE_TOKENS and of one token; the difference over the extra tokens is the step
 ``b``). Prompts are fresh random token ids each time, so no prefix cache answers for the engine.
 The points give the precision's step-time line on that engine (what the seed planner predicts
 from) and, against the analytic floors (model_shape.py, roofline.py), each phase's share of the
-roofline and its bound: launch (overhead) bound when the step's fixed cost beyond reading the
-weights, the line's intercept, is at least half the step; else the floor's compute or memory.
+roofline and its bound: launch (overhead) bound when the step's fixed cost beyond the floors'
+(the measured line's intercept above the floors' line) is at least half the step; else the
+floor's compute or memory.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from infertune.tuner.process import TrialError
 from infertune.tuner.roofline import (
     Ceilings,
     PhaseFloor,
+    StepModel,
     classify,
     decode_floor,
     fit_step_model,
@@ -153,10 +155,8 @@ def _concurrent(
 
 
 def _phase(
-    name: str, tokens: int, measured: float, floor: PhaseFloor, fixed_ms: float, weights_ms: float
+    name: str, tokens: int, measured: float, floor: PhaseFloor, launch: float
 ) -> PhaseResult:
-    """A measured phase against its floor; launch = the fixed cost beyond reading the weights."""
-    launch = max(fixed_ms - weights_ms, 0.0)
     bound, percent = classify(measured, floor, launch)
     return PhaseResult(
         phase=name,
@@ -172,46 +172,33 @@ def _phase(
 
 
 def profile_of(t: ApiTimings, shape: ModelShape, ceilings: Ceilings) -> PrecisionProfile:
-    """The precision's profile on its engine: the step line through the decode points (and the
-    prefill points, whose intercept also carries HTTP), phases against their floors."""
+    """The precision's profile on its engine. Lines through the measured points and through
+    the floors at the same points: the measured intercept beyond the floors' (reading the
+    weights, for a MoE the experts a batch touches) is the fixed per-step cost no byte or FLOP
+    explains, the launch (overhead) share each phase is classified by."""
     q = t.quantization
+    ctx = t.context
+    pre = {n: prefill_floor(shape, ceilings, q, n) for n in t.ttft_ms}
+    dec = {b: decode_floor(shape, ceilings, q, b, ctx) for b in t.step_ms}
     decode_line = fit_step_model(sorted(t.step_ms.items()))
     prefill_line = fit_step_model(sorted(t.ttft_ms.items()))
-    weights_ms = shape.read_bytes(q, 1) / (ceilings.memory_bandwidth_gbps * 1e9) * 1e3
+    decode_floors = fit_step_model(sorted((b, f.floor_ms) for b, f in dec.items()))
+    prefill_floors = fit_step_model(sorted((n, f.floor_ms) for n, f in pre.items()))
+    decode_launch = max(decode_line.fixed_ms - decode_floors.fixed_ms, 0.0)
+    prefill_launch = max(prefill_line.fixed_ms - prefill_floors.fixed_ms, 0.0)
     longest = max(t.ttft_ms)
     b1, bn = min(t.step_ms), max(t.step_ms)
     return PrecisionProfile(
         quantization=q,
         weight_bytes=shape.read_bytes(q),
         kv_bytes_per_token=shape.kv_bytes_per_token(kv_dtype(q, ceilings.device)),
-        flops_per_token=shape.flops_per_token(t.context),
-        prefill=_phase(
-            "prefill",
-            longest,
-            t.ttft_ms[longest],
-            prefill_floor(shape, ceilings, q, longest),
-            prefill_line.fixed_ms,
-            weights_ms,
-        ),
-        decode=_phase(
-            "decode",
-            b1,
-            t.step_ms[b1],
-            decode_floor(shape, ceilings, q, b1, t.context),
-            decode_line.fixed_ms,
-            weights_ms,
-        ),
-        decode_batched=_phase(
-            "decode",
-            bn,
-            t.step_ms[bn],
-            decode_floor(shape, ceilings, q, bn, t.context),
-            decode_line.fixed_ms,
-            weights_ms,
-        ),
+        flops_per_token=shape.flops_per_token(ctx),
+        prefill=_phase("prefill", longest, t.ttft_ms[longest], pre[longest], prefill_launch),
+        decode=_phase("decode", b1, t.step_ms[b1], dec[b1], decode_launch),
+        decode_batched=_phase("decode", bn, t.step_ms[bn], dec[bn], decode_launch),
         # Decode steps set the line (what ITL and throughput follow); prefill's per-token slope
         # is the better estimate of a token's cost in a long chunk when it is the larger.
-        step_model=type(decode_line)(
+        step_model=StepModel(
             decode_line.fixed_ms, max(decode_line.per_token_ms, prefill_line.per_token_ms)
         ),
     )

@@ -1,5 +1,5 @@
 """One engine server process: start from an adapter's argv, wait for health, sample memory, stop;
-and :func:`in_child`, which runs the tuner's own GPU work (ceilings, profiling, quality) in a
+and :func:`in_child`, which runs the tuner's own GPU work (ceilings, the built-in profile) in a
 child process that exits before any engine starts.
 
 Only this module (and the llama.cpp converter) starts subprocesses. Failures become a
