@@ -317,3 +317,11 @@ def test_a_serving_pods_failed_fetch_is_reported_once_and_cleared_when_it_serves
     assert report_serving(ctx, [pod_summary(serving_pod("chat-def", fixed, ready=True))])
     shown = get_condition(ctx.status.conditions, "ModelFetched")
     assert shown is not None and shown.status == "True"
+
+
+@pytest.mark.parametrize("revision", ["$(HOME); `reboot` ü", "../main", "a//b", "-x", "main\n"])
+def test_a_hostile_revision_never_reaches_a_path_or_a_command(revision: str) -> None:
+    for model in ({"uri": "hf://org/m", "revision": revision}, {"uri": f"hf://org/m@{revision}"}):
+        (problem,) = spec_problems({**demo_doc()["spec"], "model": model})
+        field = "spec.model.revision" if "revision" in model else "spec.model.uri"
+        assert problem.startswith(field), problem

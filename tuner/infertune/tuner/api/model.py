@@ -37,7 +37,7 @@ DEFAULT_REVISION = "main"
 
 def check_revision(revision: str) -> str:
     """A Hub revision (branch, tag, commit, refs/pr/N), as model.revision or hf://REPO@REVISION."""
-    if not _HF_REVISION.match(revision) or ".." in revision or "//" in revision:
+    if not _HF_REVISION.fullmatch(revision) or ".." in revision or "//" in revision:
         raise ValueError(
             f"revision {revision!r} is not a branch, tag or commit: letters, digits, '.', '_', "
             "'-' and '/', starting with a letter or digit, no '..' or '//'"
@@ -50,7 +50,7 @@ def split_hf_uri(uri: str) -> tuple[str, str | None]:
     rest = uri[len("hf://") :] if uri.startswith("hf://") else uri
     repo, at, revision = rest.partition("@")
     repo = repo.rstrip("/")
-    if not _HF_REPO.match(repo) or "--" in repo or ".." in repo:
+    if not _HF_REPO.fullmatch(repo) or "--" in repo or ".." in repo:
         raise ValueError(
             f"{uri!r}: write hf://NAMESPACE/NAME[@REVISION] (a Hub repository id: letters, digits, "
             "'-', '_', '.', at most 96 characters per part, no '--' or '..')"
