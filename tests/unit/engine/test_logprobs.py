@@ -55,7 +55,8 @@ def serve(
         engine = Engine(runner, max_model_len=4096, eos_token_ids=(2,), **engine_kw)
     else:
         budget = 256 * runner.kv_bytes_per_block()
-        engine = RemoteEngine(ServeConfig(model=str(tiny), kv_cache_memory=budget), tiny)
+        config = ServeConfig(model=str(tiny), quantization="fp32", kv_cache_memory=budget)
+        engine = RemoteEngine(config, tiny)
     tok = Tokenizer.from_file(str(tiny / "tokenizer.json"))
     server = EngineServer(engine, tok, model_name="tiny", model_dir=tiny)
 

@@ -58,7 +58,9 @@ def serve(
     else:
         # The same engine from flags: 256 blocks of 16 tokens, the model's 4096 context and EOS.
         budget = 256 * runner.kv_bytes_per_block()
-        config = ServeConfig(model=str(tiny), kv_cache_memory=budget, **engine_kw)
+        config = ServeConfig(
+            model=str(tiny), quantization="fp32", kv_cache_memory=budget, **engine_kw
+        )
         engine = RemoteEngine(config, tiny)
     tok = Tokenizer.from_file(str(tiny / "tokenizer.json"))
     server = EngineServer(engine, tok, model_name="tiny", model_dir=tiny)

@@ -5,6 +5,7 @@ torch, lazily, so that importing this module stays cheap); the server process ne
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -95,10 +96,15 @@ def build_runner(config: ServeConfig, model_dir: Path) -> ModelRunner:
     decode_threads = config.threads or default_threads()
     torch.set_num_threads(decode_threads)
     device = resolve_device(config.device)
-    if config.quantization == "fp32" and device == "cpu":
+    if config.quantization == "auto":  # measured at the decode thread count it will run with
+        from infertune.engine.precision import fastest
+
+        config = dataclasses.replace(config, quantization=fastest(device))
+        log.info("quantization auto: %s is the faster here", config.quantization)
+    if config.quantization in ("fp32", "bf16") and device == "cpu":
         from infertune.engine.kernels import describe
 
-        log.info("fp32 linear layers: %s", describe())
+        log.info("%s linear layers: %s", config.quantization, describe())
     runner = ModelRunner(
         model_dir,
         quantization=config.quantization,

@@ -322,6 +322,16 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def cpu_flags() -> set[str]:
+    """This CPU's feature flags (/proc/cpuinfo), empty where there is none."""
+    return _cpu_flags()
+
+
+def library_name() -> str:
+    """The file name of the build of the current kernel source (it hashes the source)."""
+    return _library_name()
+
+
 def _library_name() -> str:
     code = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
     digest = hashlib.sha256(code + " ".join(CFLAGS).encode())

@@ -22,7 +22,8 @@ __all__ = [
     "gpu_utilization_on_cpu",
 ]
 
-QUANTIZATIONS = ("fp32", "bf16", "fp16", "int8", "int4", "fp8")
+# "auto": the faster of fp32 and bf16 on this host, measured once and cached (precision.py).
+QUANTIZATIONS = ("auto", "fp32", "bf16", "fp16", "int8", "int4", "fp8")
 MODEL_SIZES = ("tiny", "small", "medium")
 DEFAULT_KV_CACHE_BYTES = 256 * 2**20
 DEFAULT_GPU_UTILIZATION = 0.9
@@ -35,7 +36,7 @@ class ServeConfig:
 
     model: str  # a checkpoint directory or a generated size, as given
     served_model_name: str | None = None
-    quantization: str = "fp32"
+    quantization: str = "auto"  # build_runner resolves it (precision.fastest)
     int4_group_size: int = 64
     max_num_seqs: int = 32
     max_num_batched_tokens: int = 512
