@@ -2,9 +2,10 @@
 
 Implements the predicates the operator relies on, with the scheduler's semantics: nodeSelector,
 required node affinity (matchExpressions In/NotIn/Exists/DoesNotExist/Gt/Lt and matchFields on
-metadata.name), taints vs tolerations (NoSchedule/NoExecute), and resource requests including
+metadata.name), taints vs tolerations (NoSchedule/NoExecute), resource requests including
 extended resources such as ``nvidia.com/gpu`` against the node's allocatable minus what the
-node's non-terminated pods already request. Pods and nodes are plain API JSON dicts.
+node's non-terminated pods already request, required inter-pod affinity and anti-affinity
+(labelSelector, namespaces, topologyKey), and preferred anti-affinity as the first score. Pods and nodes are plain API JSON dicts.
 """
 
 from __future__ import annotations
@@ -151,10 +152,78 @@ def insufficient(pod: Obj, node: Obj, pods_on_node: list[Obj]) -> list[str]:
     return out
 
 
+def _selects(term: Obj, pod: Obj, other: Obj) -> bool:
+    """Whether a pod-affinity term's labelSelector (in its namespaces) picks `other`."""
+    namespaces = term.get("namespaces") or [pod["metadata"].get("namespace")]
+    if other["metadata"].get("namespace") not in namespaces:
+        return False
+    selector = term.get("labelSelector") or {}
+    labels = other["metadata"].get("labels") or {}
+    return all(labels.get(k) == v for k, v in (selector.get("matchLabels") or {}).items()) and all(
+        _match_expression(e, labels) for e in selector.get("matchExpressions") or []
+    )
+
+
+def _same_domain(term: Obj, node: Obj, other: Obj, by_name: dict[str, Obj]) -> bool:
+    """Whether `other` (a bound, live pod) runs in `node`'s domain of the term's topologyKey."""
+    key = term.get("topologyKey", "")
+    there = by_name.get(other.get("spec", {}).get("nodeName") or "")
+    mine = node["metadata"].get("labels") or {}
+    theirs = (there or {}).get("metadata", {}).get("labels") or {}
+    return there is not None and key in mine and mine.get(key) == theirs.get(key)
+
+
+def _others(pod: Obj, pods: list[Obj]) -> list[Obj]:
+    """The live pods other than `pod` (by uid when it has one)."""
+    uid = pod["metadata"].get("uid")
+    return [
+        p
+        for p in pods
+        if not is_terminated(p) and p is not pod and not (uid and p["metadata"].get("uid") == uid)
+    ]
+
+
+def pod_affinity_problem(pod: Obj, node: Obj, pods: list[Obj], by_name: dict[str, Obj]) -> str:
+    """Required inter-pod (anti-)affinity as the scheduler's InterPodAffinity filter checks it
+    ("" when `node` satisfies it). A pod whose required affinity matches no pod anywhere may go
+    where the topology key exists if it matches its own terms (the first pod of a group)."""
+    aff = pod.get("spec", {}).get("affinity") or {}
+    live = _others(pod, pods)
+    for term in (aff.get("podAntiAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or []:
+        if any(_selects(term, pod, o) and _same_domain(term, node, o, by_name) for o in live):
+            return "node(s) didn't match pod anti-affinity rules"
+    for term in (aff.get("podAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ) or []:
+        matching = [o for o in live if _selects(term, pod, o) and o.get("spec", {}).get("nodeName")]
+        if any(_same_domain(term, node, o, by_name) for o in matching):
+            continue
+        first = not matching and _selects(term, pod, pod)
+        if not (first and term.get("topologyKey", "") in (node["metadata"].get("labels") or {})):
+            return "node(s) didn't match pod affinity rules"
+    return ""
+
+
+def anti_affinity_penalty(pod: Obj, node: Obj, pods: list[Obj], by_name: dict[str, Obj]) -> int:
+    """Weights of the preferred anti-affinity terms `node` would break (the scheduler's score)."""
+    aff = (pod.get("spec", {}).get("affinity") or {}).get("podAntiAffinity") or {}
+    live = _others(pod, pods)
+    total = 0
+    for weighted in aff.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+        term = weighted.get("podAffinityTerm") or {}
+        if any(_selects(term, pod, o) and _same_domain(term, node, o, by_name) for o in live):
+            total += int(weighted.get("weight", 1))
+    return total
+
+
 def choose_node(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> tuple[Obj | None, str]:
-    """The least-loaded feasible node, or None with a scheduler-style explanation."""
+    """The feasible node with the least preferred anti-affinity broken, then the least loaded,
+    or None with a scheduler-style explanation."""
     reasons: Counter[str] = Counter()
-    feasible: list[tuple[int, str, Obj]] = []
+    feasible: list[tuple[int, int, str, Obj]] = []
+    by_name = {n["metadata"]["name"]: n for n in nodes}
     for node in nodes:
         name = node["metadata"]["name"]
         if node.get("spec", {}).get("unschedulable"):
@@ -175,9 +244,14 @@ def choose_node(pod: Obj, nodes: list[Obj], pods: list[Obj]) -> tuple[Obj | None
             for r in short:
                 reasons[f"Insufficient {r}"] += 1
             continue
-        feasible.append((len([p for p in on_node if not is_terminated(p)]), name, node))
+        affinity = pod_affinity_problem(pod, node, pods, by_name)
+        if affinity:
+            reasons[affinity] += 1
+            continue
+        penalty = anti_affinity_penalty(pod, node, pods, by_name)
+        feasible.append((penalty, len([p for p in on_node if not is_terminated(p)]), name, node))
     if feasible:
-        return min(feasible, key=lambda t: (t[0], t[1]))[2], ""
+        return min(feasible, key=lambda t: (t[0], t[1], t[2]))[3], ""
     # Same text as kube-scheduler's FitError: "<count> <reason>" strings, sorted.
     detail = ", ".join(sorted(f"{n} {r}" for r, n in reasons.items()))
     return None, f"0/{len(nodes)} nodes are available: {detail}."
