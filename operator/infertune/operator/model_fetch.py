@@ -26,6 +26,7 @@ REASONS = {
     "revision": "RevisionNotFound",
     "token": "ModelAccessDenied",
     "disk": "ModelCacheFull",
+    "cache": "ModelCacheUnwritable",
 }
 DEFAULT_REASON = "ModelFetchFailed"
 
@@ -49,6 +50,8 @@ def _field(isvc: InferenceService, what: str, uri: str) -> str:
         return f"spec.model.tokenSecret (Secret {ref.name!r}, key {ref.key!r})"
     if what == "disk":
         return "spec.model.cache.size"
+    if what == "cache":
+        return "spec.model.cache.claimName (or the chart's modelCache.claimName)"
     field = _uri_field(isvc, uri)
     from_field = model.revision is not None and split_hf_uri(model.uri)[1] is None
     if what == "revision" and field == "spec.model.uri" and from_field:

@@ -325,3 +325,11 @@ def test_a_hostile_revision_never_reaches_a_path_or_a_command(revision: str) -> 
         (problem,) = spec_problems({**demo_doc()["spec"], "model": model})
         field = "spec.model.revision" if "revision" in model else "spec.model.uri"
         assert problem.startswith(field), problem
+
+
+def test_a_cache_it_cannot_write_names_the_claim() -> None:
+    rec = {"uri": "hf://org/m@main", "what": "cache", "message": "cannot write the model cache"}
+    failed = fetch_failure([pod_summary(failed_pod(rec, EXIT_PERMANENT))])
+    assert failed is not None
+    reason, message, _ = describe_failure(hf_isvc(uri="hf://org/m"), failed)
+    assert reason == "ModelCacheUnwritable" and message.startswith("spec.model.cache.claimName")

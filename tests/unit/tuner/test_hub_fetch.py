@@ -164,3 +164,31 @@ def test_the_init_step_reports_in_its_termination_message(
     done = json.loads(term.read_text())["fetched"]
     assert [d["uri"] for d in done] == [f"hf://{REPO}", "hf://org/gated"]
     assert done[0]["commit"] == hub.commit(REPO)
+
+
+def test_two_pods_filling_one_claim_at_once_both_finish(hub: HubServer, tmp_path: Path) -> None:
+    import threading
+
+    dest = tmp_path / "claim" / "hf" / "org" / "tiny" / "main"
+    results: list[object] = []
+
+    def one() -> None:
+        try:
+            results.append(fetch(f"hf://{REPO}", dest, sleep=no_sleep).commit)
+        except Exception as exc:  # a failure is the finding
+            results.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == [hub.commit(REPO)] * 2
+    assert json.loads((dest / FETCHED_MARKER).read_text())["commit"] == hub.commit(REPO)
+
+
+def test_an_unwritable_cache_is_a_cache_error(hub: HubServer, tmp_path: Path) -> None:
+    (tmp_path / "not-a-dir").write_text("")
+    with pytest.raises(FetchError) as err:
+        fetch(f"hf://{REPO}", tmp_path / "not-a-dir" / "x", sleep=no_sleep)
+    assert (err.value.what, err.value.permanent) == ("cache", True)

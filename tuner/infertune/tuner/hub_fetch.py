@@ -68,7 +68,8 @@ class Fetched:
 
 
 class FetchError(Exception):
-    """Why a fetch failed. `what`: repo | revision | token | network | hub | disk."""
+    """Why a fetch failed. `what`: repo | revision | token | network | hub | disk (full) |
+    cache (not writable)."""
 
     def __init__(
         self,
@@ -166,6 +167,8 @@ def classify(exc: BaseException, uri: str, *, token_given: bool) -> FetchError:
     for err in _chain(exc):
         if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
             return FetchError("disk", f"the model cache is full: {err}", uri=uri)
+        if isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return FetchError("cache", f"cannot write the model cache: {err}", uri=uri)
         # The client's transport errors (connection refused, DNS, timeouts) come from its HTTP
         # library (httpx2, httpx or requests by version): matched by module, not by import.
         module = type(err).__module__
@@ -249,7 +252,12 @@ def fetch(
             m.get("bytes", 0),
         )
     token, endpoint = _token(), _endpoint()
-    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise FetchError(
+            "cache", f"cannot write the model cache at {dest}: {exc}", uri=uri
+        ) from exc
     for attempt in range(1, attempts + 1):
         try:
             commit = _download(uri, dest, token, endpoint)
@@ -273,7 +281,14 @@ def fetch(
     files, size = _tally(dest)
     done = Fetched(uri, repo, revision, commit, dest, files, size)
     record = {k: str(v) if isinstance(v, Path) else v for k, v in asdict(done).items()}
-    tmp = dest / (FETCHED_MARKER + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1))
-    tmp.replace(dest / FETCHED_MARKER)  # last: the directory counts as complete only now
+    # Last: the directory counts as complete only now. A name of its own per writer: two pods
+    # filling one claim at once each rename a whole file (the last one wins, both complete).
+    tmp = dest / f"{FETCHED_MARKER}.{os.getpid()}.{time.monotonic_ns()}"
+    try:
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(dest / FETCHED_MARKER)
+    except OSError as exc:
+        raise FetchError(
+            "cache", f"cannot write the model cache at {dest}: {exc}", uri=uri
+        ) from exc
     return done
