@@ -192,3 +192,23 @@ def test_an_unwritable_cache_is_a_cache_error(hub: HubServer, tmp_path: Path) ->
     with pytest.raises(FetchError) as err:
         fetch(f"hf://{REPO}", tmp_path / "not-a-dir" / "x", sleep=no_sleep)
     assert (err.value.what, err.value.permanent) == ("cache", True)
+
+
+def test_other_formats_weights_are_not_fetched_beside_safetensors(
+    hub: HubServer, served: Path, tmp_path: Path
+) -> None:
+    repo = served / "org" / "llama-like"
+    shutil.copytree(served / REPO, repo)
+    (repo / "original").mkdir()
+    (repo / "original" / "consolidated.00.pth").write_bytes(b"\0" * 4096)
+    (repo / "pytorch_model.bin").write_bytes(b"\0" * 4096)
+    try:
+        got = fetch("hf://org/llama-like", tmp_path / "ll", sleep=no_sleep)
+    finally:
+        shutil.rmtree(repo)
+    names = {
+        p.relative_to(got.directory).as_posix() for p in got.directory.rglob("*") if p.is_file()
+    }
+    assert "config.json" in names and any(n.endswith(".safetensors") for n in names)
+    assert not {"original/consolidated.00.pth", "pytorch_model.bin"} & names
+    assert not [p for _, p, _ in hub.state.requests if p.endswith((".pth", ".bin"))]

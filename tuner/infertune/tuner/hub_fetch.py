@@ -194,15 +194,38 @@ def _endpoint() -> str | None:
     return os.environ.get("HF_ENDPOINT") or None
 
 
+# The same weights in other formats, beside safetensors in many repositories (Llama's original/
+# consolidated checkpoint, pytorch_model*.bin, TF/Flax/ONNX exports): no engine here loads them
+# when safetensors are there, and they can double the download.
+OTHER_WEIGHTS = (
+    "original/*", "*.pth", "*.pt", "*.bin", "*.h5", "*.msgpack", "*.ot", "*.onnx", "*.onnx_data",
+    "*.gguf",
+)  # fmt: skip
+
+
+def redundant_weights(files: list[str]) -> list[str]:
+    """Patterns of files not to fetch: other formats' weights when the repository has
+    safetensors (a repository without them is fetched whole: its .bin or .gguf are the model)."""
+    return list(OTHER_WEIGHTS) if any(f.endswith(".safetensors") for f in files) else []
+
+
 def _download(uri: str, dest: Path, token: str | None, endpoint: str | None) -> str:
-    """One attempt: resolve the revision to its commit, then every file of that commit."""
+    """One attempt: resolve the revision to its commit, then the files of that commit an engine
+    loads (redundant_weights)."""
     from huggingface_hub import HfApi, snapshot_download
 
     repo, revision = hf_location(uri)
     info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision)
     commit = str(info.sha or revision)
+    skip = redundant_weights([s.rfilename for s in info.siblings or []])
     snapshot_download(
-        repo, revision=commit, local_dir=dest, token=token, endpoint=endpoint, max_workers=4
+        repo,
+        revision=commit,
+        local_dir=dest,
+        token=token,
+        endpoint=endpoint,
+        max_workers=4,
+        ignore_patterns=skip or None,
     )
     return commit
 
