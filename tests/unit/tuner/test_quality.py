@@ -130,3 +130,19 @@ def test_the_guard_and_the_calibration_load_no_model_code() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_an_engine_that_cannot_serve_is_noted_not_fatal(tmp_path: Path) -> None:
+    """No reference the engine can start (CUDA graphs on a CPU): the candidate is not judged, the
+    note says why, and its trial then reports what the engine does."""
+    spec = guard_spec("builtin://tiny", "builtin")
+    model = resolve_model(spec.model)
+    runner = TrialRunner(spec, model, tmp_path, discover(use_gpu=False))
+    guard = EngineQuality(spec, model, runner.serve, log=lambda _: None)
+    try:
+        assert guard.get(Candidate("builtin", "int4", 4, 512, 16, True)) is None
+    finally:
+        runner.close()
+    note = guard.notes["builtin/int4"]
+    assert note.startswith("not measured: no reference precision served on builtin")
+    assert "fp32:" in note and "CUDA" in note

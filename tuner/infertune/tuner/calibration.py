@@ -80,15 +80,23 @@ class _Client:
         }
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
         try:
-            start = time.perf_counter()
-            conn.request(
-                "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
-            )
-            resp = conn.getresponse()
-            raw = resp.read()
-            took = time.perf_counter() - start
+            return self._complete(conn, body, max_tokens)
+        except http.client.HTTPException as exc:  # a connection the engine dropped mid-answer
+            raise RuntimeError(f"no answer from the engine: {exc!r}") from exc
         finally:
             conn.close()
+
+    @staticmethod
+    def _complete(
+        conn: http.client.HTTPConnection, body: dict[str, object], max_tokens: int
+    ) -> tuple[float, int]:
+        start = time.perf_counter()
+        conn.request(
+            "POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        resp = conn.getresponse()
+        raw = resp.read()
+        took = time.perf_counter() - start
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {raw[:200]!r}")
         usage = json.loads(raw).get("usage") or {}
@@ -116,10 +124,16 @@ def measure(
     rng = random.Random(seed)
     out = ApiTimings(engine, quantization)
     client.complete(_prompt(rng, 8, vocab), 2)  # warm-up: first-request costs are not a step
+    refused: list[str] = []
     for n in sorted(set(prompt_lengths)):
-        out.ttft_ms[n] = 1e3 * min(
-            client.complete(_prompt(rng, n, vocab), 1)[0] for _ in range(REPEATS)
-        )
+        try:
+            out.ttft_ms[n] = 1e3 * min(
+                client.complete(_prompt(rng, n, vocab), 1)[0] for _ in range(REPEATS)
+            )
+        except RuntimeError as exc:  # longer than this engine's context: the shorter ones do
+            refused.append(f"{n} tokens: {exc}")
+    if not out.ttft_ms:
+        raise RuntimeError("no prompt length was served: " + "; ".join(refused))
     for b in sorted(set(batches)):
         long = min(
             _concurrent(client, rng, b, DECODE_TOKENS, out.context, vocab) for _ in range(REPEATS)

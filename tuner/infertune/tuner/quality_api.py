@@ -66,10 +66,10 @@ class ApiScorer:
                 )
                 resp = self._conn.getresponse()
                 raw = resp.read()
-            except (ConnectionError, http.client.HTTPException, OSError):
+            except (http.client.HTTPException, OSError) as exc:
                 self.close()
                 if attempt:
-                    raise
+                    raise ScoringError(f"no answer from the engine: {exc!r}") from exc
                 continue
             try:
                 return resp.status, json.loads(raw)

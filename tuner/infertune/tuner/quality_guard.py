@@ -36,7 +36,7 @@ ServeFn = Callable[[Candidate], tuple[str, str]]
 # Called with every engine the guard had up, while it is up (the calibration's hook).
 OnServed = Callable[[Candidate, str, str], None]
 FALLBACK_REFERENCES = ("fp32", "bf16", "fp16")
-HELDOUT_TOKENS = 1024
+HELDOUT_TOKENS = 1000  # within llama-server's 1024-token slot with the one it generates
 
 
 @dataclass
@@ -87,7 +87,7 @@ class EngineQuality:
         else:
             try:
                 self.results[key] = self._measure(config, ref)
-            except (ScoringError, OSError, RuntimeError, ValueError) as exc:
+            except (TrialError, ScoringError, OSError, RuntimeError, ValueError) as exc:
                 self.notes[key] = f"not measured: {exc}"
         if key in self.notes:
             self.log(f"quality {key}: {self.notes[key]}")
