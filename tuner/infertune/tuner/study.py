@@ -12,22 +12,14 @@ worker waits for the trials still running elsewhere (`settle`): each then sees t
 study. The TPE sampler's constant liar treats other workers' running trials as bad outcomes, so
 they are not proposed twice.
 
-Heartbeats: Optuna's own heartbeat (RDBStorage heartbeat_interval/grace_period/
-failed_trial_callback) is recorded only inside Study.optimize (5.1: `ask()` warns that heartbeats
-are "supposed to be used with Study.optimize") and only for RDB storages; the study loop here is
-ask/tell and the journal file is a first-class option, so every running trial records its
-heartbeat as a trial attribute on any storage. Every worker, before each trial, fails every
-RUNNING trial whose heartbeat is older than the grace period (its worker died) and re-enqueues
-that configuration (Optuna's RetryFailedTrialCallback, in effect), so the budget is spent in full.
+Heartbeats and failing a dead worker's trials: heartbeat.py.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import logging
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,16 +28,19 @@ from optuna.study import StudyDirection
 from optuna.trial import FrozenTrial, TrialState
 
 from infertune.tuner.candidate import Candidate
+from infertune.tuner.heartbeat import GRACE_PERIOD as GRACE_PERIOD
+from infertune.tuner.heartbeat import HEARTBEAT_ATTR as HEARTBEAT_ATTR
+from infertune.tuner.heartbeat import HEARTBEAT_INTERVAL as HEARTBEAT_INTERVAL
+from infertune.tuner.heartbeat import STALE_ATTR as STALE_ATTR
+from infertune.tuner.heartbeat import Heartbeat as Heartbeat
+from infertune.tuner.heartbeat import WorkerStudy as WorkerStudy
+from infertune.tuner.heartbeat import fail_stale as fail_stale
+from infertune.tuner.heartbeat import last_beat
 from infertune.tuner.space import Space
 
-_log = logging.getLogger(__name__)
-HEARTBEAT_ATTR = "heartbeat"
 OUTCOME_ATTR = "outcome"  # ok | stopped | failed | pruned | infeasible-quality
-STALE_ATTR = "failed_by_heartbeat"
 SEED_ATTR = "seeded"
 DUPLICATE_ATTR = "duplicate_of"  # answered from an earlier measurement of the same configuration
-HEARTBEAT_INTERVAL = 10.0
-GRACE_PERIOD = 60.0
 INFEASIBLE = 1e3  # constraint value of a failed trial (any value > 0 is infeasible)
 # Multi-objective (NSGA-II): output tokens/s up, e2e p95 ms down, peak memory down.
 
@@ -236,64 +231,6 @@ def open_study(
     return WorkerStudy(name, created._storage, sampler=sampler, pruner=created.pruner)
 
 
-class WorkerStudy(optuna.Study):
-    """A study whose every trial this process asks records its heartbeat until it is told, from
-    one daemon thread: whatever code asks (the study loop, the race, a warm start), a live
-    worker's trial is never failed as stale by the others, and a dead worker's trials stop
-    beating together."""
-
-    def __init__(self, *args: Any, heartbeat_interval: float = HEARTBEAT_INTERVAL, **kw: Any):
-        super().__init__(*args, **kw)
-        self._beating: set[int] = set()
-        self._beat_lock = threading.Lock()
-        self._beat_interval = heartbeat_interval
-        self._beat_thread: threading.Thread | None = None
-
-    def ask(self, fixed_distributions: dict[str, Any] | None = None) -> optuna.Trial:
-        trial = super().ask(fixed_distributions)
-        self._storage.set_trial_user_attr(trial._trial_id, HEARTBEAT_ATTR, time.time())
-        with self._beat_lock:
-            self._beating.add(trial._trial_id)
-            if self._beat_thread is None:
-                self._beat_thread = threading.Thread(
-                    target=self._beat, name="infertune-worker-heartbeat", daemon=True
-                )
-                self._beat_thread.start()
-        return trial
-
-    def tell(
-        self,
-        trial: optuna.Trial | int,
-        values: float | Sequence[float] | None = None,
-        state: TrialState | None = None,
-        skip_if_finished: bool = False,
-    ) -> FrozenTrial:
-        try:
-            return super().tell(trial, values, state, skip_if_finished)
-        finally:
-            trial_id = (
-                trial._trial_id
-                if isinstance(trial, optuna.Trial)
-                else self._storage.get_trial_id_from_study_id_trial_number(self._study_id, trial)
-            )
-            with self._beat_lock:
-                self._beating.discard(trial_id)
-
-    def _beat(self) -> None:
-        while True:
-            time.sleep(self._beat_interval)
-            with self._beat_lock:
-                ids = list(self._beating)
-            for trial_id in ids:
-                try:
-                    self._storage.set_trial_user_attr(trial_id, HEARTBEAT_ATTR, time.time())
-                except (RuntimeError, ValueError, KeyError):  # finished elsewhere (failed stale)
-                    with self._beat_lock:
-                        self._beating.discard(trial_id)
-                except Exception as exc:  # a database hiccup: beat again next time
-                    _log.warning("heartbeat of trial %s not recorded: %s", trial_id, exc)
-
-
 def counted(study: optuna.Study, grace: float = GRACE_PERIOD) -> list[FrozenTrial]:
     """Trials that spend the budget: finished measurements and the ones other workers are
     measuring now (RUNNING, heartbeat within the grace period), not repeats of a measured
@@ -304,13 +241,8 @@ def counted(study: optuna.Study, grace: float = GRACE_PERIOD) -> list[FrozenTria
     return [
         t
         for t in study.get_trials(deepcopy=False)
-        if _spent(t) or (_running([t]) and now - _last_beat(t) <= grace)
+        if _spent(t) or (_running([t]) and now - last_beat(t) <= grace)
     ]
-
-
-def _last_beat(t: FrozenTrial) -> float:
-    start = t.datetime_start.timestamp() if t.datetime_start else 0.0
-    return float(t.user_attrs.get(HEARTBEAT_ATTR, start))
 
 
 def _spent(t: FrozenTrial) -> bool:
@@ -318,61 +250,6 @@ def _spent(t: FrozenTrial) -> bool:
         t.state in (TrialState.COMPLETE, TrialState.PRUNED)
         or (t.state == TrialState.FAIL and not t.user_attrs.get(STALE_ATTR))
     )
-
-
-def fail_stale(study: optuna.Study, grace: float = GRACE_PERIOD) -> list[int]:
-    """Fail RUNNING trials whose heartbeat stopped; re-enqueue their configurations."""
-    now = time.time()
-    failed: list[int] = []
-    storage = study._storage
-    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-        beat = _last_beat(t)
-        if now - beat <= grace:
-            continue
-        storage.set_trial_user_attr(t._trial_id, STALE_ATTR, True)
-        storage.set_trial_user_attr(
-            t._trial_id,
-            "failure_reason",
-            f"worker stopped sending heartbeats for {now - beat:.0f}s",
-        )
-        if storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
-            failed.append(t.number)
-            if t.params:  # the configuration it was measuring is measured again
-                study.enqueue_trial(
-                    t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False
-                )
-    return failed
-
-
-class Heartbeat:
-    """Records `time.time()` on a running trial every `interval` seconds, from a thread."""
-
-    def __init__(
-        self, study: optuna.Study, trial: optuna.Trial, interval: float = HEARTBEAT_INTERVAL
-    ) -> None:
-        self.study = study
-        self.trial_id = trial._trial_id
-        self.interval = interval
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="infertune-heartbeat", daemon=True)
-
-    def _run(self) -> None:
-        storage = self.study._storage
-        while True:
-            try:
-                storage.set_trial_user_attr(self.trial_id, HEARTBEAT_ATTR, time.time())
-            except (RuntimeError, ValueError):  # the trial already finished
-                return
-            if self._stop.wait(self.interval):
-                return
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
 
 
 def _running(trials: list[FrozenTrial]) -> list[FrozenTrial]:
