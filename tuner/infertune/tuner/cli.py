@@ -90,6 +90,8 @@ class Progress:
                 f"goodput {ev.figures.get('goodputRps', 0):.2f} req/s, ttft p95 "
                 f"{ev.figures.get('ttftP95Ms', float('nan')):.0f}ms, itl p95 {ev.figures.get('itlP95Ms', float('nan')):.1f}ms"
             )
+            if "capacityRps" in ev.figures:  # the ramp above the spec's rate (capacity.py)
+                what += f", SLO capacity {ev.figures['capacityRps']:.2f} req/s"
         else:
             what = (ev.reason or "")[:90]
         best_s = "none feasible yet" if best is None else f"{best:.2f}"
@@ -131,9 +133,24 @@ def _print_summary(result: TuningResult, report: Path | None) -> None:
             f"  goodput {f.get('goodputRps', 0):.2f} req/s, {f.get('outputTokensPerSecond', 0):.1f} "
             "output tokens/s"
         )
+        if "capacityRps" in f:
+            print(f"  SLO capacity {f['capacityRps']:.2f} req/s (every SLO percentile held)")
         for metric, margin in result.best.margins_ms.items():
             sign = "headroom" if margin is not None and margin >= 0 else "over"
             print(f"  {metric}: SLO margin {margin:+.1f} ms ({sign})")
+    race = result.race or {}
+    for key, name in (("over_runner_up", "runner-up"), ("over_default", "engine default")):
+        r = race.get(key) or {}
+        if r.get("ratio") is not None:
+            interval = (
+                f", {round(100 * r['level'])}% interval {r['low']:.2f}-{r['high']:.2f}"
+                if r.get("low") is not None and r.get("high") is not None
+                else ""
+            )
+            runs = r.get("n") or [0, 0]
+            print(f"  {r['ratio']:.2f}x the {name} ({runs[0]} vs {runs[1]} runs{interval})")
+    if result.warm_start:
+        print(f"warm start: {result.warm_start.get('priorTrials', 0)} prior trials used")
     if result.binding_constraint:
         print(f"binding constraint: {result.binding_constraint}")
     if report is not None:
