@@ -333,3 +333,13 @@ def test_a_cache_it_cannot_write_names_the_claim() -> None:
     assert failed is not None
     reason, message, _ = describe_failure(hf_isvc(uri="hf://org/m"), failed)
     assert reason == "ModelCacheUnwritable" and message.startswith("spec.model.cache.claimName")
+
+
+def test_a_gguf_model_is_fetched_whole() -> None:
+    isvc = hf_isvc(uri="hf://org/m-GGUF", format="gguf")
+    command = init_of(desired_job(isvc, plan_for(isvc), OperatorSettings()))["command"]
+    assert command[command.index("--format") + 1] == "gguf"
+    assert (
+        "--format"
+        not in init_of(desired_job(hf_isvc(), plan_for(hf_isvc()), OperatorSettings()))["command"]
+    )

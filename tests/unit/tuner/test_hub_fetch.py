@@ -212,3 +212,10 @@ def test_other_formats_weights_are_not_fetched_beside_safetensors(
     assert "config.json" in names and any(n.endswith(".safetensors") for n in names)
     assert not {"original/consolidated.00.pth", "pytorch_model.bin"} & names
     assert not [p for _, p, _ in hub.state.requests if p.endswith((".pth", ".bin"))]
+
+
+def test_a_gguf_model_keeps_every_file() -> None:
+    files = ["config.json", "model.safetensors", "model-Q4_0.gguf"]
+    assert "*.gguf" in hub_fetch.redundant_weights(files)
+    assert hub_fetch.redundant_weights(files, "gguf") == []
+    assert hub_fetch.redundant_weights(["pytorch_model.bin", "config.json"]) == []

@@ -31,6 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="infertune fetch-model", description=__doc__.split("\n", 1)[0])
     p.add_argument("uris", nargs="+", metavar="URI", help="hf://NAMESPACE/NAME[@REVISION]")
     p.add_argument(
+        "--format",
+        choices=("safetensors", "gguf"),
+        default="safetensors",
+        help="model.format: safetensors skips other formats' weights beside them; gguf fetches all",
+    )
+    p.add_argument(
         "--termination-message", type=Path, default=None, help="file for the outcome (JSON)"
     )
     return p
@@ -62,7 +68,7 @@ def fetch_model_main(argv: list[str] | None = None) -> int:
             _write(args.termination_message, {"uri": uri, "what": "uri", "message": str(exc)})
             return 2
         try:
-            got = fetch(uri, hf_local_dir(uri))
+            got = fetch(uri, hf_local_dir(uri), fmt=args.format)
         except FetchError as err:
             print(f"infertune fetch-model: {uri}: {err.message}", file=sys.stderr)
             _write(args.termination_message, err.to_json())

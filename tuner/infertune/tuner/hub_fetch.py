@@ -203,13 +203,15 @@ OTHER_WEIGHTS = (
 )  # fmt: skip
 
 
-def redundant_weights(files: list[str]) -> list[str]:
-    """Patterns of files not to fetch: other formats' weights when the repository has
-    safetensors (a repository without them is fetched whole: its .bin or .gguf are the model)."""
-    return list(OTHER_WEIGHTS) if any(f.endswith(".safetensors") for f in files) else []
+def redundant_weights(files: list[str], fmt: str = "safetensors") -> list[str]:
+    """Patterns of files not to fetch: other formats' weights when the model is read as
+    safetensors and the repository has them (a repository without them, or a model.format gguf,
+    is fetched whole: its .bin or .gguf files are the model)."""
+    wanted = fmt == "safetensors" and any(f.endswith(".safetensors") for f in files)
+    return list(OTHER_WEIGHTS) if wanted else []
 
 
-def _download(uri: str, dest: Path, token: str | None, endpoint: str | None) -> str:
+def _download(uri: str, dest: Path, token: str | None, endpoint: str | None, fmt: str) -> str:
     """One attempt: resolve the revision to its commit, then the files of that commit an engine
     loads (redundant_weights)."""
     from huggingface_hub import HfApi, snapshot_download
@@ -217,7 +219,7 @@ def _download(uri: str, dest: Path, token: str | None, endpoint: str | None) -> 
     repo, revision = hf_location(uri)
     info = HfApi(endpoint=endpoint, token=token).model_info(repo, revision=revision)
     commit = str(info.sha or revision)
-    skip = redundant_weights([s.rfilename for s in info.siblings or []])
+    skip = redundant_weights([s.rfilename for s in info.siblings or []], fmt)
     snapshot_download(
         repo,
         revision=commit,
@@ -255,10 +257,12 @@ def fetch(
     base_delay_s: float | None = None,
     max_delay_s: float | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    fmt: str = "safetensors",
 ) -> Fetched:
     """`uri`'s files in `dest`, fetched unless a finished fetch is there already. A transient
     failure is retried `attempts` times in all (default ATTEMPTS), waiting base_delay_s doubled
-    each time up to max_delay_s (defaults: the module's, read at call time)."""
+    each time up to max_delay_s (defaults: the module's, read at call time). `fmt`: the
+    model.format the checkpoint is read as (redundant_weights)."""
     attempts = ATTEMPTS if attempts is None else attempts
     base_delay_s = BASE_DELAY_S if base_delay_s is None else base_delay_s
     max_delay_s = MAX_DELAY_S if max_delay_s is None else max_delay_s
@@ -283,7 +287,7 @@ def fetch(
         ) from exc
     for attempt in range(1, attempts + 1):
         try:
-            commit = _download(uri, dest, token, endpoint)
+            commit = _download(uri, dest, token, endpoint, fmt)
             break
         except Exception as exc:  # every client error is classified below
             err = classify(exc, uri, token_given=token is not None)

@@ -153,7 +153,7 @@ def resolve_model(source: ModelSource, quantization: str | None = None, engine: 
         return resolve_model(source.model_copy(update=variant))
     scheme = source.scheme
     if scheme == "hf":
-        return _resolve_hf(pinned_uri(source))
+        return _resolve_hf(pinned_uri(source), source.format)
     if scheme == "builtin":  # a generated random-weight size or a converted pretrained model
         from infertune.engine.pretrained import ensure_builtin
 
@@ -176,7 +176,7 @@ def resolve_model(source: ModelSource, quantization: str | None = None, engine: 
     )
 
 
-def _resolve_hf(uri: str) -> Path:
+def _resolve_hf(uri: str, fmt: str = "safetensors") -> Path:
     """The fetched directory of an hf:// URI: in a pod, where its init step put it; standalone,
     fetched now into the local cache by the same code (needs the Hub, or $HF_ENDPOINT's mirror;
     a gated repository needs $HF_TOKEN)."""
@@ -184,6 +184,6 @@ def _resolve_hf(uri: str) -> Path:
     if fetched(local):
         return local
     try:
-        return fetch(uri, local).directory
+        return fetch(uri, local, fmt=fmt).directory
     except FetchError as exc:
         raise ValueError(f"model.uri {uri!r}: {exc.message}") from exc

@@ -205,6 +205,7 @@ def fetch_init_container(
         *settings.infertune_command,
         "fetch-model",
         *(u.replace("$", "$$") for u in uris),
+        *(["--format", "gguf"] if isvc.spec.model.format == "gguf" else []),
         "--termination-message",
         FETCH_TERMINATION_LOG,
     ]
