@@ -32,6 +32,35 @@ def _report(ctx: Ctx, pods: list[dict[str, Any]]) -> bool:
     return True
 
 
+def _report_oom(ctx: Ctx, pods: list[dict[str, Any]]) -> bool:
+    """MemoryFits=False/OOMKilled with a Warning event while a pod's container was killed by the
+    kernel at its memory limit (spec.hardware.memory is too small for the configuration)."""
+    killed = [p for p in pods if p.get("oom_killed")]
+    shown = get_condition(ctx.status.conditions, "MemoryFits")
+    if not killed:
+        if shown is None or shown.status == "True":
+            return False
+        ctx.condition("MemoryFits", "True", "NoOOMKill", "no container is being OOM-killed")
+        return True
+    pod = killed[0]
+    oom = pod["oom_killed"]
+    message = (
+        f"{role(pod)} pod {pod.get('name')}: container {oom.get('container')} was OOMKilled at "
+        f"its memory limit (spec.hardware.memory {ctx.isvc.spec.hardware.memory}; "
+        f"{oom.get('restarts')} restarts)"
+    )
+    if shown is not None and (shown.status, shown.reason, shown.message) == (
+        "False",
+        "OOMKilled",
+        message,
+    ):
+        return False
+    ctx.condition("MemoryFits", "False", "OOMKilled", message)
+    log.warning("%s/%s: %s", *ctx.key, message)
+    ctx.event("Warning", "OOMKilled", message)
+    return True
+
+
 async def _stop_surging(ctx: Ctx, pods: list[dict[str, Any]]) -> bool:
     """Auto: a surge or canary pod the scheduler cannot place means no spare GPU; replace pods in
     place from now on (until a new config rolls out, which tries surging again)."""
@@ -70,6 +99,7 @@ async def check(rt: Runtime, body: Any, pods: list[dict[str, Any]]) -> bool:
     except InvalidSpecError:
         return False
     changed = _report(ctx, pods)
+    changed = _report_oom(ctx, pods) or changed
     changed = model_fetch.report_serving(ctx, pods) or changed  # a serving pod's hf:// fetch
     changed = await _stop_surging(ctx, pods) or changed
     return await commit(ctx) if changed else False

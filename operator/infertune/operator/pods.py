@@ -50,6 +50,15 @@ def pod_summary(body: Any) -> dict[str, Any]:
             }
     for cs in st.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated")
+        last = (cs.get("lastState") or {}).get("terminated") or {}
+        killed: dict[str, Any] = term if term and term.get("reason") == "OOMKilled" else last
+        if killed.get("reason") == "OOMKilled":
+            # The kernel killed it at its memory limit (now, or the attempt before a restart).
+            out["oom_killed"] = {
+                "container": cs.get("name"),
+                "restarts": cs.get("restartCount") or 0,
+                "at": killed.get("finishedAt"),
+            }
         if term:
             out.update(
                 terminated=True, message=term.get("message"), finished_at=term.get("finishedAt")

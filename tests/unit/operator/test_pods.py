@@ -36,3 +36,28 @@ def test_serving_pod_readiness_and_track() -> None:
         and s["track"] == "canary"
         and "terminated" not in s
     )
+
+
+def test_oom_killed_serving_pod_is_noted_after_its_restart() -> None:
+    # The kubelet restarted the container: the kill is in lastState, the pod waits in back-off.
+    pod = {
+        "metadata": {"name": "x-7d-abc", "uid": "u3", "labels": {"app.kubernetes.io/component": "serving"}},
+        "spec": {"nodeName": "n"},
+        "status": {"containerStatuses": [{
+            "name": "engine", "restartCount": 2,
+            "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+            "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137, "finishedAt": "t"}},
+        }]},
+    }  # fmt: skip
+    s = pod_summary(pod)
+    assert s["oom_killed"] == {"container": "engine", "restarts": 2, "at": "t"}
+    assert "terminated" not in s
+
+
+def test_container_that_exits_normally_is_not_oom_killed() -> None:
+    pod = {
+        "metadata": {"name": "x", "uid": "u4", "labels": {}},
+        "spec": {},
+        "status": {"containerStatuses": [{"name": "engine", "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}]},
+    }  # fmt: skip
+    assert "oom_killed" not in pod_summary(pod)
