@@ -343,3 +343,17 @@ def test_a_gguf_model_is_fetched_whole() -> None:
         "--format"
         not in init_of(desired_job(hf_isvc(), plan_for(hf_isvc()), OperatorSettings()))["command"]
     )
+
+
+def test_the_hf_children_are_valid_kubernetes_objects() -> None:
+    from kubernetes_validate import validate
+    from test_builders import K8S_VERSION
+
+    isvc = hf_isvc(revision=COMMIT, tokenSecret={"name": "hf-token"}, cache={"size": "40Gi"})
+    settings = OperatorSettings(hf_endpoint="http://mirror:8080")
+    config = ServingConfig(engine="llamacpp", quantization="int8", **KNOBS)
+    job = desired_job(isvc, plan_for(isvc), settings)
+    dep = desired_deployment(isvc, config, settings)
+    for version in (K8S_VERSION, "1.28.0", "1.31.0"):  # podFailurePolicy's schema changed
+        for obj in (job, dep):
+            validate(obj, version, strict=True)  # podFailurePolicy, initContainers, secretKeyRef

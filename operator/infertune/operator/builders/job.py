@@ -209,4 +209,6 @@ def fetch_failure_policy() -> Obj:
     retrying the pod backoffLimit times (Kubernetes 1.26+; on older clusters the operator stops
     the run itself when it reads the failed init step, tuning_run.fetch_failure)."""
     exit_codes = {"containerName": FETCH_CONTAINER, "operator": "In", "values": [EXIT_PERMANENT]}
-    return {"rules": [{"action": "FailJob", "onExitCodes": exit_codes}]}
+    # onPodConditions empty but present: the published schemas of 1.25-1.28 mark it required.
+    rule = {"action": "FailJob", "onExitCodes": exit_codes, "onPodConditions": []}
+    return {"rules": [rule]}
