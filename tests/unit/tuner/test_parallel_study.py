@@ -263,3 +263,19 @@ def test_a_configuration_another_worker_measures_is_awaited_not_measured_twice(
     first, second = s2.ask(), s2.ask()
     suggest(first, space), suggest(second, space)
     assert not await_other_worker(s2, space, config, first.number, sleep=sleep)
+
+
+def test_a_retry_nobody_took_before_the_budget_ran_out_is_not_left_waiting(tmp_path: Path) -> None:
+    s = _study(f"sqlite:///{tmp_path}/study.db")
+    space = _space()
+    for _ in range(2):
+        t = s.ask()
+        s.tell(t, 1.0)
+    dead = s.ask()
+    suggest(dead, space)
+    dead.set_user_attr(HEARTBEAT_ATTR, time.time() - 3600)
+    assert not wait_for_slot(s, 2, 600)  # fails the dead trial, re-enqueues it: budget spent
+    assert [t.user_attrs.get("retry_of") for t in s.get_trials(states=(TrialState.WAITING,))] == [dead.number]  # fmt: skip
+    settle(s)
+    assert not s.get_trials(states=(TrialState.WAITING,))
+    assert len(counted(s)) == 2

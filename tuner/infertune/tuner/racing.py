@@ -44,7 +44,14 @@ from infertune.tuner.search import (
     store_measurement,
 )
 from infertune.tuner.space import Space
-from infertune.tuner.study import DUPLICATE_ATTR, counted, params_of, suggest
+from infertune.tuner.study import (
+    DUPLICATE_ATTR,
+    claim_slot,
+    counted,
+    give_back,
+    params_of,
+    suggest,
+)
 
 REMEASURE_ATTR = "remeasure_of"  # a racing trial: the config hash it measures again
 CONTENDERS = 3
@@ -288,6 +295,10 @@ def race(
             skip_if_exists=False,
         )
         trial = study.ask()
+        if not claim_slot(study, trial, max_trials):  # parallel workers took the last slot
+            give_back(study, trial)
+            reason = f"budget spent ({reason})"
+            break
         config = suggest(trial, space)
         ev = evaluate(config, lambda step, value: False)  # a repeat is never pruned
         store_measurement(trial, ev, spec)

@@ -336,5 +336,19 @@ def settle(
         running = len(_running(study.get_trials(deepcopy=False)))
         first = running if first is None else first
         if running == 0 or time.monotonic() >= deadline:
+            drop_unclaimed_retries(study)
             return first
         sleep(poll)
+
+
+def drop_unclaimed_retries(study: optuna.Study) -> int:
+    """A dead worker's configuration re-enqueued for a retry (fail_stale) that no worker took
+    before the budget ran out: ended (FAIL, marked unused), so it is neither reported as a
+    trial nor left waiting in the study."""
+    dropped = 0
+    for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,)):
+        if "retry_of" in t.user_attrs:
+            study._storage.set_trial_user_attr(t._trial_id, DUPLICATE_ATTR, "unused-retry")
+            if study._storage.set_trial_state_values(t._trial_id, TrialState.FAIL):
+                dropped += 1
+    return dropped
