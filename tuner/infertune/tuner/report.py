@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from infertune.tuner.report_labels import figure_label, knob_label
-from infertune.tuner.report_plots import make_plots
+from infertune.tuner.report_plots import config_label, make_plots
 from infertune.tuner.result import TrialRecord, TuningResult
 
 
@@ -187,7 +187,8 @@ def _trials(result: TuningResult, human: bool) -> list[Block]:
     # The cost column covers every measured configuration, the engine's defaults included when
     # they were among the trials, so the winner's saving over them reads off the table.
     rows = [
-        [f"{t.number}{'*' if t.seeded else ''}", " ".join(str(v) for v in t.config.values()),
+        [f"{t.number}{'*' if t.seeded else ''}",
+         config_label(t.config) if human else " ".join(str(v) for v in t.config.values()),
          t.outcome, _fmt(t.objective), _fmt(t.figures.get("ttftP95Ms")),
          _fmt(t.figures.get("itlP95Ms")), _fmt(result.cost_per_million(t)), (t.reason or "")[:80]]
         for t in sorted(result.trials, key=lambda t: t.number)

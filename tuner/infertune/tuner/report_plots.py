@@ -43,7 +43,7 @@ def _objective_label(objective: str) -> str:
     }.get(objective, objective)
 
 
-def _label(config: dict[str, Any]) -> str:
+def config_label(config: dict[str, Any]) -> str:
     from infertune.tuner.candidate import Candidate
 
     try:
@@ -145,12 +145,12 @@ def make_plots(
             ax.scatter([x for x, _ in upper], [y for _, y in upper], marker="x", c="tab:red",
                        label="lowest rate missed")  # fmt: skip
         # One engine: its name in every label says nothing.
-        names = [_label(t.config) for t in capacity]
+        names = [config_label(t.config) for t in capacity]
         if len({t.config.get("engine") for t in capacity}) == 1:
             names = [n.split("/", 1)[-1] for n in names]
         ax.set_yticks(rows, names, fontsize=7)
         ax.set_xlabel(figure_label("capacityRps"))
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=2)
         fig.tight_layout()
         made.append(_save(fig, out / "capacity.png", "SLO capacity of the best configurations (winner in green)"))  # fmt: skip
 
@@ -192,7 +192,7 @@ def _natural(v: str) -> tuple[int, float | str]:
 
 
 def _save(fig: Any, path: Path, title: str) -> tuple[str, str]:
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=90, bbox_inches="tight")  # long tick labels stay in the picture
     import matplotlib.pyplot as plt
 
     plt.close(fig)
