@@ -58,11 +58,15 @@ def material_change(old: Observation | None, new: Observation) -> bool:
     return False
 
 
-def _serving_pods(pods: list[dict[str, Any]], track: str = "stable") -> list[dict[str, Any]]:
-    """Ready serving pods of one track (by label: a canary's pod names share the stable prefix)."""
+def _serving_pods(
+    pods: list[dict[str, Any]], track: str = "stable", ready_only: bool = True
+) -> list[dict[str, Any]]:
+    """Ready (or, with ready_only False, all addressable) serving pods of one track (by label: a
+    canary's pod names share the stable prefix)."""
     return [
         p for p in pods
-        if p.get("component") == "serving" and p.get("track", "stable") == track and p.get("ip") and p.get("ready")
+        if p.get("component") == "serving" and p.get("track", "stable") == track and p.get("ip")
+        and (p.get("ready") or not ready_only)
     ]  # fmt: skip
 
 
@@ -108,7 +112,14 @@ async def _observe(
             return live, live, "prometheus"  # its windows span MIN_WINDOW_S already
     port = rt.settings.serving_port
     targets = {p["uid"]: f"http://{p['ip']}:{port}/metrics" for p in _serving_pods(pods, track)}
-    windows = await rt.scraper(ctx.key, track).windows(targets) if targets else None
+    # Unready and terminating pods too: one that stalled answered requests the verdict must see.
+    present = {
+        p["uid"]: f"http://{p['ip']}:{port}/metrics"
+        for p in _serving_pods(pods, track, ready_only=False)
+    }
+    scraper = rt.scraper(ctx.key, track)
+    # Even with no pod left: the pods that went get their last scrape, then are forgotten.
+    windows = await scraper.windows(targets, present) if present or scraper.history else None
     if windows is None:
         return None, None, "scrape"
     slo = isvc.spec.slo

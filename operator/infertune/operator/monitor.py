@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,10 +46,24 @@ class Window:
 
     seconds: float
     hists: dict[str, Histogram] = field(default_factory=dict)
+    # family -> (observations/s, sum/s), each pod's increase divided by its own span, then summed:
+    # pods' increases can span different times (one answered again after a stall), so the total
+    # over the longest span is not the rate. None: every pod spans `seconds` (Prometheus).
+    per_second: dict[str, tuple[float, float]] | None = None
 
     @property
     def requests(self) -> float:
         return self.hists[E2E].count if E2E in self.hists else 0.0
+
+    def rate(self, family: str) -> tuple[float, float] | None:
+        """(observations per second, sum per second) of `family`, or None when absent."""
+        if self.per_second is not None:
+            return self.per_second.get(family)
+        hist = self.hists.get(family)
+        if hist is None:
+            return None
+        seconds = max(self.seconds, 1e-9)
+        return hist.count / seconds, hist.sum / seconds
 
 
 @dataclass(frozen=True)
@@ -77,15 +91,16 @@ def summarise(window: Window, slo: SLO) -> Live:
     for metric, objective in slo.bounds().items():
         hist = h.get(METRIC_FAMILY[metric])
         at[metric] = _ms(hist.quantile(objective.quantile / 100)) if hist else None
-    seconds = max(window.seconds, 1e-9)
     requests = window.requests
-    rate = requests / seconds if requests > 0 else None
+    per_second = window.rate(E2E)
+    rate = per_second[0] if requests > 0 and per_second else None
     out_hist, prompt_hist = h.get(OUTPUT), h.get(PROMPT)
+    out_rate = window.rate(OUTPUT)
     fig["request_rate"] = None if rate is None else round(rate, 4)
     fig["prompt_tokens_mean"] = prompt_hist.mean if prompt_hist else None
     fig["output_tokens_mean"] = out_hist.mean if out_hist else None
     fig["output_tokens_per_second"] = (
-        round(out_hist.sum / seconds, 3) if out_hist and out_hist.count else None
+        round(out_rate[1], 3) if out_hist and out_hist.count and out_rate else None
     )
     # Goodput as the tuner defines it, estimated from each bound's share of requests within it.
     if rate is not None:
@@ -119,6 +134,13 @@ class ScrapeWindows:
     traffic: Window
 
 
+# How long a pod that left the scrape targets is still scraped when the caller cannot say whether
+# it is still in the cluster. A pod that stalls fails its readiness probe (3 x 5 s) and answers
+# again later, its counters holding the requests that suffered the stall; bounded, because a
+# deleted pod's IP may be given to another pod.
+LINGER_S = 120.0
+
+
 class Scraper:
     """Keeps recent scrapes of every pod; `windows()` returns the increase since the previous
     scrape, and over at least `min_span_s` (since the newest scrape that old, else the oldest).
@@ -126,6 +148,11 @@ class Scraper:
     A check every 15 s at 0.7 req/s sees ~10 requests between two scrapes: fewer than a drift
     verdict needs, so with only that window a service with no Prometheus never retuned on drift
     (the Prometheus source's windows already span 30 s).
+
+    A pod that stops being a target (unready: it stalled; terminating: it is being replaced) keeps
+    its history and is still scraped: the requests it answered belong in the window, and the ones
+    that made it unready most of all. Forgetting it at once hid a stall on one of two replicas
+    from the verdict (SLOMet stayed True while users waited seconds).
     """
 
     def __init__(
@@ -133,11 +160,15 @@ class Scraper:
         timeout_s: float,
         min_span_s: float = MIN_WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
+        linger_s: float = LINGER_S,
     ) -> None:
         self.timeout_s = timeout_s
         self.min_span_s = min_span_s
         self.clock = clock
+        self.linger_s = linger_s
         self.history: dict[str, list[Scrape]] = {}  # pod uid -> scrapes, oldest first
+        self.urls: dict[str, str] = {}  # pod uid -> its metrics URL when last known
+        self.left: dict[str, float] = {}  # pod uid -> when it stopped being a target
 
     async def _fetch(self, session: aiohttp.ClientSession, url: str) -> str | None:
         try:
@@ -146,15 +177,43 @@ class Scraper:
         except (aiohttp.ClientError, TimeoutError, OSError):
             return None
 
-    async def windows(self, targets: dict[str, str]) -> ScrapeWindows | None:
-        """`targets`: pod uid -> metrics URL. None until a pod has a previous scrape."""
-        async with aiohttp.ClientSession() as session:
-            texts = await asyncio.gather(*(self._fetch(session, url) for url in targets.values()))
-        now = self.clock()
-        recent, traffic = _Sum(), _Sum()
-        for uid, text in zip(targets, texts, strict=True):
-            if text is None:
+    def _to_scrape(
+        self, targets: Mapping[str, str], present: Mapping[str, str] | None, now: float
+    ) -> tuple[dict[str, str], set[str]]:
+        """(uid -> URL to scrape now, uids whose URL now belongs to another pod)."""
+        urls = dict(targets)
+        owners = {url: uid for uid, url in {**(present or {}), **targets}.items()}
+        reused: set[str] = set()
+        for uid in self.history:
+            if uid in targets:
+                self.left.pop(uid, None)
                 continue
+            self.left.setdefault(uid, now)
+            url = (present or {}).get(uid) or self.urls.get(uid)
+            if url is None or owners.get(url, uid) != uid:
+                reused.add(uid)  # its IP went to another pod: reading it would count that one
+            else:
+                urls[uid] = url
+        return urls, reused
+
+    async def windows(
+        self, targets: Mapping[str, str], present: Mapping[str, str] | None = None
+    ) -> ScrapeWindows | None:
+        """`targets`: pod uid -> metrics URL of the pods serving now (Ready). `present`: the same
+        for every pod of the service still in the cluster, Ready or not (terminating included);
+        None when the caller cannot tell. A pod with history that is no longer a target is still
+        scraped and counted; it is forgotten once gone from `present` (after one last scrape) or,
+        without `present`, `linger_s` after it left the targets. None until a pod has a previous
+        scrape."""
+        now = self.clock()
+        urls, reused = self._to_scrape(targets, present, now)
+        async with aiohttp.ClientSession() as session:
+            texts = await asyncio.gather(*(self._fetch(session, url) for url in urls.values()))
+        recent, traffic = _Sum(), _Sum()
+        for (uid, url), text in zip(urls.items(), texts, strict=True):
+            if text is None:
+                continue  # unreachable now (stalled, restarting): its history waits
+            self.urls[uid] = url
             current = Scrape(now, parse_exposition(text, FAMILIES))
             history = self.history.setdefault(uid, [])
             if not history:
@@ -167,8 +226,17 @@ class Scraper:
             traffic.add(current, base)
             # Keep the baseline and everything newer: later windows start from those.
             self.history[uid] = [s for s in history if s.time >= base.time] + [current]
-        for uid in set(self.history) - set(targets):
-            del self.history[uid]  # pods that went away
+        for uid in list(self.history):
+            if uid in targets:
+                continue
+            if present is not None:
+                gone = uid not in present
+            else:
+                gone = now - self.left[uid] >= self.linger_s
+            if gone or uid in reused:
+                del self.history[uid]
+                self.urls.pop(uid, None)
+                self.left.pop(uid, None)
         if not recent.spans:
             return None
         return ScrapeWindows(recent=recent.window(), traffic=traffic.window())
@@ -176,19 +244,24 @@ class Scraper:
 
 @dataclass
 class _Sum:
-    """Histogram increases summed over pods, and the longest span among them."""
+    """Histogram increases summed over pods, each pod's rate by its own span, and the longest
+    span among them."""
 
     hists: dict[str, Histogram] = field(default_factory=dict)
     spans: list[float] = field(default_factory=list)
+    per_second: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def add(self, current: Scrape, earlier: Scrape) -> None:
-        self.spans.append(current.time - earlier.time)
+        span = max(current.time - earlier.time, 1e-9)
+        self.spans.append(span)
         for name, hist in current.hists.items():
             delta = hist.minus(earlier.hists.get(name, Histogram()))
             self.hists[name] = self.hists.get(name, Histogram()).add(delta)
+            count, total = self.per_second.get(name, (0.0, 0.0))
+            self.per_second[name] = (count + delta.count / span, total + delta.sum / span)
 
     def window(self) -> Window:
-        return Window(seconds=max(self.spans), hists=self.hists)
+        return Window(seconds=max(self.spans), hists=self.hists, per_second=self.per_second)
 
 
 def promql_bucket_query(family: str, namespace: str, pod_regex: str, seconds: float) -> str:
