@@ -62,11 +62,12 @@ def _serving_pods(
     pods: list[dict[str, Any]], track: str = "stable", ready_only: bool = True
 ) -> list[dict[str, Any]]:
     """Ready (or, with ready_only False, all addressable) serving pods of one track (by label: a
-    canary's pod names share the stable prefix)."""
+    canary's pod names share the stable prefix). A pod that ended (Failed: evicted; Succeeded)
+    is not addressable: it keeps its podIP in its status while the IP may go to another pod."""
     return [
         p for p in pods
         if p.get("component") == "serving" and p.get("track", "stable") == track and p.get("ip")
-        and (p.get("ready") or not ready_only)
+        and (p.get("ready") or not ready_only) and p.get("phase") not in ("Failed", "Succeeded")
     ]  # fmt: skip
 
 

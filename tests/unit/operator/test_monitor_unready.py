@@ -248,3 +248,33 @@ def test_without_the_pod_list_a_pod_lingers_a_bounded_time_and_a_reused_ip_is_no
     assert after.recent.requests == 10 and "uid-b" not in scraper.history
     assert scrapes_b == 4  # read at 0, 15, 60 and 75 s; not at 90
     assert reused == {"uid-a", "uid-c"}
+
+
+def test_an_evicted_pod_still_in_the_index_is_not_read_after_it_ended(
+    isvc: InferenceService,
+) -> None:
+    """An evicted pod (phase Failed) stays in the API with its podIP while the IP may go to
+    another pod: once it ended it is read no more, so another pod's requests at that address are
+    not counted as this service's."""
+    port, clock = _free_port(), [0.0]
+    a, b = Pod("uid-a", "127.0.0.1"), Pod("uid-b", "127.0.0.2")
+    ctx = _ctx(isvc, port, lambda: clock[0])
+    evicted = {**b.summary(False), "phase": "Failed"}
+
+    async def scenario() -> list[Any]:
+        seen = []
+        async with _pods(port, a, b):
+            for t, pods, (fast_a, other_b) in (
+                (0.0, [a.summary(True), b.summary(True)], (0, 0)),
+                (15.0, [a.summary(True), evicted], (10, 0)),
+                (30.0, [a.summary(True), evicted], (10, 50)),  # another pod now at B's address
+            ):
+                a.serve(fast_a, FAST_TTFT)
+                b.serve(other_b, STALLED_TTFT)
+                clock[0] = t
+                seen.append(await _observe(ctx, pods))
+        return seen
+
+    *_, later = asyncio.run(scenario())
+    assert later[0] is not None and later[0].requests == 10
+    assert b.scrapes == 2
