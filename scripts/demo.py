@@ -18,8 +18,10 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -27,12 +29,13 @@ import yaml
 from demo_stack import GROUP, INFERTUNE, PLURAL, ROOT, VERSION, Stack, stop_group, wait_until
 from kubernetes import client
 
-from infertune.engine.make_model import ensure_model
+from infertune.engine.pretrained import ensure_builtin
 from infertune.tuner.candidate import Candidate
 
-DEMO = ROOT / "examples" / "demo.yaml"
+DEMO = ROOT / "examples" / "demo-smollm2.yaml"  # a real model (examples/demo.yaml: a tiny one)
 LABEL = "infertune.dev/inferenceservice"
-LONG_PROMPT = 1536  # tokens: ~2.4x the demo's tuned 256-1024, far beyond the 50% drift threshold
+LONG_PROMPT = 512  # tokens: ~2.6x the demo's tuned 64-320, far beyond the 50% drift threshold
+QUESTION = "What is the capital of France?"  # asked of the rolled-out Deployment (real weights)
 T0 = time.monotonic()
 
 
@@ -146,6 +149,23 @@ def describe(config: dict[str, Any]) -> str:
     return Candidate.from_wire(config).label()
 
 
+def model_dir() -> Path:
+    """The demo's checkpoint on this machine (builtin://: converted or generated once, cached)."""
+    uri = yaml.safe_load(DEMO.read_text())["spec"]["model"]["uri"]
+    return ensure_builtin(urlparse(uri).netloc)
+
+
+def ask(url: str, question: str = QUESTION) -> str:
+    """One chat answer from the serving pod (greedy), as a user of the Service would get it."""
+    body = {"messages": [{"role": "user", "content": question}], "max_tokens": 48,
+            "temperature": 0}  # fmt: skip
+    headers = {"Content-Type": "application/json"}
+    chat = f"{url}/v1/chat/completions"  # the pod's http:// URL
+    req = urllib.request.Request(chat, json.dumps(body).encode(), headers)  # noqa: S310
+    with urllib.request.urlopen(req, timeout=120) as r:  # noqa: S310
+        return str(json.loads(r.read())["choices"][0]["message"]["content"]).strip()
+
+
 def load(
     url: str, out: Path, rate: float, duration: str, prompt_tokens: int | None = None
 ) -> subprocess.Popen[bytes]:
@@ -153,8 +173,8 @@ def load(
     argv = [INFERTUNE, "bench", "--url", url, "--profile", str(DEMO), "--rate", f"{rate:g}",
             "--duration", duration, "--quiet", "--json", str(out.with_suffix(".json"))]  # fmt: skip
     # The model's own tokenizer, so that a "1536-token prompt" is 1536 tokens to the engine too
-    # (without it the generator sizes prompts in words, ~1.45 tokens each for this vocabulary).
-    argv += ["--tokenizer", str(ensure_model("tiny"))]
+    # (without it the generator sizes prompts in words, not in this vocabulary's tokens).
+    argv += ["--tokenizer", str(model_dir())]
     if prompt_tokens is not None:
         argv += ["--prompt-tokens", str(prompt_tokens)]
     with out.open("wb") as log:
@@ -212,6 +232,9 @@ def run_story(stack: Stack, out: Path, budget: float) -> dict[str, Any]:
         f"{describe(st['live'])} serving in pod {pod.metadata.name} on {pod.spec.node_name} at {url}"
     )
     story.facts["rollout"] = {"pod": pod.metadata.name, "config": st["live"]["configHash"]}
+    answer = ask(url)
+    say(f"asked the Service {QUESTION!r}: {answer!r}")
+    story.facts["answer"] = {"question": QUESTION, "answer": answer, "config": describe(st["live"])}
 
     step(6, "Live SLO check: real traffic shaped like the spec's, judged from Prometheus")
     tuned_rate = float(
@@ -238,7 +261,8 @@ def run_story(stack: Stack, out: Path, budget: float) -> dict[str, Any]:
     # About the same prompt tokens per second as before, in fewer, much longer requests: the
     # traffic's shape changed (TrafficDrift) while the SLOs still hold on a busy 2-core machine.
     mean_prompt = (prompts.get("min", 0) + prompts.get("max", 0)) / 2 or prompts.get("mean", 100)
-    long_rate = round(rate * mean_prompt / LONG_PROMPT, 2)
+    # (At least 0.2 req/s, so each 30 s violation window still sees several requests.)
+    long_rate = max(round(rate * mean_prompt / LONG_PROMPT, 2), 0.2)
     shifted = load(url, out / "load-shifted.log", long_rate, "20m", prompt_tokens=LONG_PROMPT)
     stop_group(
         steady, grace=15
@@ -315,6 +339,9 @@ def summary(facts: dict[str, Any]) -> None:
     widths = [max(len(str(r[i])) for r in rows) for i in range(2)]
     for r in rows:
         print(f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]}")
+    if facts.get("answer"):
+        a = facts["answer"]
+        print(f"\n  {a['config']} answered {a['question']!r}: {a['answer']!r}")
     print("\n  history:")
     for h in facts.get("history", []):
         print(f"    {h['time']} {h['event']:<15} {h['reason']:<13} {h.get('message', '')[:110]}")
