@@ -36,9 +36,9 @@ from typing import Any
 
 import optuna
 
-from infertune.engine.cli import build_serve_parser
 from infertune.engine.make_model import ensure_model
 from infertune.tuner.api import TuningSpec
+from infertune.tuner.campaign import engine_default
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.capacity import CAPACITY_KEY
 from infertune.tuner.hardware import Hardware
@@ -186,11 +186,14 @@ def _tiny_shape() -> ModelShape:
     return ModelShape.from_dir(ensure_model("tiny"))
 
 
-def default_config() -> Candidate:
-    """`infertune serve` with no tuning flag: the engine's default, raced as the baseline."""
-    a = build_serve_parser().parse_args(["--model", "tiny"])
-    return Candidate("builtin", a.quantization, a.max_num_seqs, a.max_num_batched_tokens,
-                     a.kv_block_size, bool(a.cuda_graph))  # fmt: skip
+@cache
+def default_config() -> Candidate | None:
+    """What `infertune serve` runs with no tuning flag, resolved as the tuner resolves it
+    (campaign.engine_default: "auto" precision timed on this host), raced as the baseline."""
+    space = build_space(
+        _spec(json.loads(next(DATA.glob("landscape_*.json")).read_text())), HARDWARE
+    )
+    return engine_default(space)
 
 
 def study_for(

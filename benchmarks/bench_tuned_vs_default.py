@@ -31,33 +31,31 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infertune.engine.cli import build_serve_parser
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.api.durations import Duration
 from infertune.tuner.api.load import load_tuning_spec
+from infertune.tuner.campaign import engine_default
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.capacity import probe_requests
 from infertune.tuner.hardware import discover
 from infertune.tuner.models import resolve_model
 from infertune.tuner.racing import LEVEL, ratio_interval
+from infertune.tuner.space import build_space
 from infertune.tuner.trial import Measurement, TrialRunner
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULT = ROOT / "reports/demo/result.json"
+# The study whose winner is compared (INFERTUNE_BENCH_RESULT: another run's result.json).
+RESULT = Path(os.environ.get("INFERTUNE_BENCH_RESULT", ROOT / "reports/demo/result.json"))
 REPS = int(os.environ.get("INFERTUNE_BENCH_REPS", "3"))
 
 
 def default_config() -> Candidate:
-    """`infertune serve --model M` with no other flag."""
-    args = build_serve_parser().parse_args(["--model", "tiny"])
-    return Candidate(
-        "builtin",
-        args.quantization,
-        args.max_num_seqs,
-        args.max_num_batched_tokens,
-        args.kv_block_size,
-        bool(args.cuda_graph),
-    )
+    """`infertune serve --model M` with no other flag ("auto" precision resolved by the engine's
+    own rule on this host, as the tuner's race does: campaign.engine_default)."""
+    spec = load_tuning_spec(ROOT / "examples/demo.yaml")
+    found = engine_default(build_space(spec, discover()))
+    assert found is not None, "the demo searches the built-in engine"
+    return found
 
 
 def winner_of(path: Path) -> tuple[Candidate, str] | None:
@@ -211,7 +209,7 @@ def trial_seconds(reps: int = 2) -> dict[str, list[float]] | None:
 
 def run() -> list[dict[str, Any]]:
     rows = _goodput_rows()
-    cap = capacity()
+    cap = capacity(RESULT)
     if cap is not None:
         r = cap["ratio"]
         interval = (
@@ -246,14 +244,14 @@ def run() -> list[dict[str, Any]]:
 
 
 def _goodput_rows() -> list[dict[str, Any]]:
-    got = measure()
+    got = measure(RESULT)
     if got is None:
         return [
             {
                 "name": "tuned vs default",
                 "value": "-",
                 "unit": "",
-                "note": f"no study result at {RESULT.relative_to(ROOT)}: run `make demo-tune`",
+                "note": f"no study result at {RESULT}: run `make demo-tune`",
             }
         ]
     met = {k: sum(v) for k, v in got["slo_met"].items()}

@@ -177,3 +177,24 @@ def test_explore_then_race_spends_exactly_the_budget(space: Space) -> None:
     assert race_budget(10) >= 2 and result.remeasured >= 2
     assert result.winner is not None
     assert result.measurements[result.winner.label()]  # the winner's values are reported
+
+
+def test_a_small_race_spends_nothing_on_the_default(space: Space) -> None:
+    study = new_study(space)
+    evaluate = Noisy(0.02, seed=6)
+    default = cfg("fp32", 2)
+    measure_once(study, space, evaluate, [BEST, SECOND])
+    race(study, space, SPEC, evaluate, max_trials=6, deadline=1e18, baseline=default)
+    assert default not in evaluate.calls and len(counted(study)) <= 6
+
+
+def test_the_builtin_default_is_resolved_as_the_engine_resolves_it(space: Space) -> None:
+    from infertune.engine.cli import build_serve_parser
+    from infertune.tuner.campaign import engine_default
+
+    parsed = build_serve_parser().parse_args(["--model", "m"])
+    default = engine_default(space)
+    assert default is not None and default.quantization in ("fp32", "bf16")
+    assert default.max_num_seqs == parsed.max_num_seqs
+    assert default.max_num_batched_tokens == parsed.max_num_batched_tokens
+    assert engine_default(space, gpu=True) is None or parsed.quantization != "auto"

@@ -23,6 +23,7 @@ import optuna
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.cost import CostBasis
+from infertune.tuner.process import in_child
 from infertune.tuner.racing import RaceResult, explore_then_race
 from infertune.tuner.result import TuningResult
 from infertune.tuner.search import Evaluation, ReportFn, run_study
@@ -43,24 +44,44 @@ class Campaign:
     warm: WarmStart = field(default_factory=WarmStart)
 
 
-def engine_default(space: Space) -> Candidate | None:
+def engine_default(space: Space, *, gpu: bool = False) -> Candidate | None:
     """The configuration an engine runs with no tuning flag, when the space searches its engine.
 
     Only the built-in engine's is known here (its own argument parser's defaults); vLLM's and
-    SGLang's defaults depend on the GPU and the model, so no advantage over them is claimed."""
+    SGLang's defaults depend on the GPU and the model, so no advantage over them is claimed. The
+    built-in engine's default precision is "auto" (engine/precision.py: the faster of fp32 and
+    bf16, timed on this host at the engine's decode thread count); it is resolved by that same
+    rule in a child process (the tuner sets no torch threads of its own). On a GPU the answer
+    needs the GPU, which the tuner leaves to its trials: no default is compared there."""
     if "builtin" not in space.engines:
         return None
     from infertune.engine.cli import build_serve_parser
 
     a = build_serve_parser().parse_args(["--model", "default"])
+    quantization = a.quantization
+    if quantization == "auto":
+        if gpu:
+            return None
+        quantization = in_child(auto_precision)
     return Candidate(
         "builtin",
-        a.quantization,
+        quantization,
         a.max_num_seqs,
         a.max_num_batched_tokens,
         a.kv_block_size,
         bool(a.cuda_graph),
     )
+
+
+def auto_precision() -> str:
+    """What `infertune serve --quantization auto` picks on this CPU (engine/build.py's rule)."""
+    import torch
+
+    from infertune.engine.build import default_threads
+    from infertune.engine.precision import fastest
+
+    torch.set_num_threads(default_threads())
+    return fastest("cpu")
 
 
 def run_campaign(
@@ -70,6 +91,7 @@ def run_campaign(
     evaluate: Callable[[Candidate, ReportFn], Evaluation],
     *,
     hardware: str,
+    gpu: bool = False,
     max_trials: int,
     max_seconds: float,
     multi_objective: bool = False,
@@ -98,7 +120,7 @@ def run_campaign(
         evaluate,
         max_trials=max_trials,
         max_seconds=max_seconds,
-        baseline=engine_default(space),
+        baseline=engine_default(space, gpu=gpu),
         cost=cost,
         log=log,
         **explore,

@@ -61,6 +61,9 @@ LEVEL = 0.90  # two-sided confidence of the intervals
 # 0.25 -> median 0.953 of the optimum at 10% of the grid, 0.4 -> 0.976 (its top ten lie within
 # the measurement noise of each other, so repeats pay more than further exploration).
 RACE_SHARE = 0.4
+# The engine's default is measured (twice, for an interval) only when the race has this many
+# trials: on a small budget they go to separating the contenders.
+BASELINE_MIN_RACE = 5
 # Student's t, upper 95% point (two-sided 90%), by degrees of freedom; beyond 30 the normal's.
 _T95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860,
         9: 1.833, 10: 1.812, 12: 1.782, 15: 1.753, 20: 1.725, 30: 1.697}  # fmt: skip
@@ -276,6 +279,8 @@ def race(
         baseline = None
     if baseline is not None and params_of_or_none(baseline, space) is None:
         baseline = None  # the default lies outside the searched space: not compared
+    if max_trials - len(counted(study)) < BASELINE_MIN_RACE:
+        baseline = None  # too few trials left: they go to the contenders
     while True:
         ranked = standings(study, spec, cost)
         nxt, reason = next_to_measure(

@@ -266,6 +266,7 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
             spec,
             make_evaluator(spec, runner, quality),
             hardware=hardware.describe(),
+            gpu=hardware.is_gpu,
             max_trials=max_trials,
             max_seconds=float(spec.budget.max_duration),
             multi_objective=multi,
