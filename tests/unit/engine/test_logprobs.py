@@ -171,3 +171,40 @@ def test_a_step_without_logprobs_computes_none(runner: ModelRunner) -> None:
     got = runner.take_logprobs()[0]
     assert [t.position for t in got.prompt] == [1, 2, 3, 4] and got.sampled is not None
     assert runner.take_logprobs() == {}
+
+
+def test_prompt_logprobs_survive_preemption_once_each(tiny: Path) -> None:
+    """A KV pool too small for every request preempts some mid-prompt or mid-decode; each
+    request still gets every prompt position's log-probability once, equal to the model's."""
+    runner = ModelRunner(tiny, kv_block_size=4, num_kv_blocks=24)
+    engine = Engine(runner, max_num_seqs=6, max_num_batched_tokens=8, max_model_len=4096)
+    scorer = ModelRunner(tiny, kv_block_size=16, num_kv_blocks=8)
+    prompts = [[1, *range(100 + 9 * i, 118 + 9 * i)] for i in range(6)]  # 19 tokens each
+
+    async def one(prompt: list[int]) -> list[Any]:
+        _, queue = engine.add_request(prompt, max_tokens=16, logprobs=3, prompt_logprobs=True)
+        events = [await queue.get()]
+        while not events[-1].finished:
+            events.append(await queue.get())
+        return events
+
+    async def main() -> list[list[Any]]:
+        return await asyncio.gather(*(one(p) for p in prompts))
+
+    engine.start()
+    try:
+        results = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert engine.stats.num_preemptions > 0, "the pool was sized to force preemption"
+    for prompt, events in zip(prompts, results, strict=True):
+        sent = [e.prompt_logprobs for e in events if e.prompt_logprobs is not None]
+        assert len(sent) == 1  # on the first token's event only
+        got = sent[0]
+        assert [t.position for t in got] == list(range(1, len(prompt)))
+        want = torch.log_softmax(scorer.score(prompt).float(), dim=-1)
+        for t in got:
+            assert t.token_id == prompt[t.position]
+            assert t.logprob == pytest.approx(float(want[t.position - 1, t.token_id]), abs=1e-4)
+        outputs = [e for e in events if e.token_ids]
+        assert all(e.logprobs and e.logprobs[0].token_id == e.token_ids[0] for e in outputs)
