@@ -101,8 +101,13 @@ def apply_rope(
     ``rotate_half(x) = cat(-x2, x1)`` equals ``roll(x, half) * [-1, 1]``, and the sign is
     folded into ``signed_sin = cat(-sin1, sin2)`` once at load time (exact: a sign flip).
     Both operands of the ``addcmul`` are temporaries, so writing over ``x`` is safe.
+    Below fp32 the product with sin is rounded on its own before the sum, as transformers
+    rounds it (``addcmul`` would round once), so bf16 K/V match transformers' bf16 ones.
     """
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), signed_sin, out=out)
+    rotated = x.roll(x.shape[-1] // 2, -1)
+    if x.dtype == torch.float32:
+        return torch.addcmul(x * cos, rotated, signed_sin, out=out)
+    return torch.add(x * cos, rotated.mul_(signed_sin), out=out)
 
 
 def add_linear(h: torch.Tensor, lin: Linear, x: torch.Tensor, fused: bool) -> torch.Tensor:
