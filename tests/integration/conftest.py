@@ -18,6 +18,7 @@ from typing import Any
 import devcluster  # scripts/devcluster, on the path through pytest's pythonpath
 import node_agent
 import pytest
+from operator_harness import OperatorProcess, running_operator
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -72,6 +73,21 @@ def api(cluster: devcluster.Cluster) -> Iterator[Any]:
 def agent(cluster: devcluster.Cluster) -> node_agent.NodeAgent:
     assert cluster.agent is not None
     return cluster.agent  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: devcluster.Cluster,
+    api: Any,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
+) -> Iterator[OperatorProcess]:
+    """The operator under the chart's ServiceAccount, one per test module (a module needing
+    another kind defines its own). Hostile or not, no spec may make it reach beyond its RBAC
+    rules: checked on exit."""
+    work = tmp_path_factory.mktemp(f"operator-{request.module.__name__}")
+    with running_operator(cluster, api, work) as op:
+        yield op
 
 
 @pytest.fixture

@@ -19,7 +19,6 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,6 @@ from operator_harness import (
     PLURAL,
     VERSION,
     OperatorProcess,
-    running_operator,
     wait_for,
 )
 from podspec import expand  # the node agent's kubelet-style $(VAR) expansion
@@ -89,16 +87,7 @@ def test_a_thousand_malformed_manifests_are_refused_naming_the_field(
     assert paths["schema"] >= 300 and paths["operator"] >= 100, paths
 
 
-# ---------------------------------------------------------------- with a running operator
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Any, api: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    # Hostile or not, no spec may make it reach beyond its RBAC rules (checked on exit).
-    with running_operator(cluster, api, tmp_path_factory.mktemp("hostile-operator")) as op:
-        yield op
-
-
+# ------------------------------------------ with a running operator (conftest's `operator`)
 def _events(api: Any, ns: str, name: str) -> list[Any]:
     items = (
         client.CoreV1Api(api)

@@ -8,7 +8,6 @@ import copy
 import json
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,22 +21,12 @@ from operator_harness import (
     VERSION,
     OperatorProcess,
     drive_requests,
-    running_operator,
     wait_for,
 )
 
 pytestmark = pytest.mark.cluster
 DEMO = ROOT / "examples" / "demo.yaml"
 LABEL = "infertune.dev/inferenceservice"
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Any, api: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    # Hostile or not, no spec may make it reach beyond its RBAC rules (checked on exit).
-    with running_operator(cluster, api, tmp_path_factory.mktemp("operator")) as op:
-        yield op
 
 
 def apply(cluster: Any, namespace: str, doc: dict[str, Any], tmp_path: Path) -> None:

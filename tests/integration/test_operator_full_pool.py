@@ -7,25 +7,16 @@ The session's fake nodes: gpu-h100-0 has one GPU, gpu-a100-0 two; specs pin one 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
-from operator_harness import OperatorProcess, running_operator, wait_for
+from operator_harness import OperatorProcess, wait_for
 from test_operator_flow import LABEL, apply, condition, demo, isvc, wait_phase
 
 pytestmark = pytest.mark.cluster
 H100, A100 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"
-
-
-@pytest.fixture(scope="module")
-def operator(
-    cluster: Any, api: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OperatorProcess]:
-    with running_operator(cluster, api, tmp_path_factory.mktemp("operator")) as op:
-        yield op
 
 
 def _doc(name: str, product: str, gpus: int, replicas: int, **rollout: Any) -> dict[str, Any]:

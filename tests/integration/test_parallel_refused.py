@@ -10,10 +10,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 from operator_harness import OperatorProcess
-from test_operator_flow import apply, condition, demo, jobs, operator, wait_phase
+from test_operator_flow import apply, condition, demo, jobs, wait_phase
 
 pytestmark = pytest.mark.cluster
-__all__ = ["operator"]  # the module-scoped operator fixture, shared with test_operator_flow
 
 
 def test_parallel_trials_without_shared_storage_is_refused_with_the_reason(
