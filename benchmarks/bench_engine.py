@@ -86,7 +86,9 @@ def engine_server(
     """``infertune serve`` in a subprocess; yields (url, seconds from spawn to the ready line).
     ``stderr``: where its log (and its engine core's) goes; inherited when None."""
     cmd = [sys.executable, "-m", "infertune.engine.cli", "serve", "--model", str(model_dir)]
-    cmd += ["--port", "0", "--kv-cache-memory", "256MiB", *extra]
+    # fp32 unless `extra` says otherwise (argparse keeps the last): this module's rows are fp32
+    # figures, and serve's own default (auto) would pick bf16 on an AVX512-BF16 host.
+    cmd += ["--port", "0", "--kv-cache-memory", "256MiB", "--quantization", "fp32", *extra]
     start = time.perf_counter()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, **(env or {})}
