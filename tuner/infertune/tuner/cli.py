@@ -79,7 +79,9 @@ class Progress:
     def __init__(self, quiet: bool) -> None:
         self.quiet = quiet
 
-    def __call__(self, done: int, total: int, ev: Evaluation, best: float | None) -> None:
+    def __call__(
+        self, done: int, total: int, ev: Evaluation, best: float | None, phase: str = ""
+    ) -> None:
         if self.quiet:
             return
         width = 20
@@ -96,7 +98,8 @@ class Progress:
             what = (ev.reason or "")[:90]
         best_s = "none feasible yet" if best is None else f"{best:.2f}"
         print(
-            f"[{bar}] trial {done}/{total} {ev.config.label()}: {ev.outcome} {what} | best {best_s}",
+            f"[{bar}] trial {done}/{total}{f' ({phase})' if phase else ''} {ev.config.label()}: "
+            f"{ev.outcome} {what} | best {best_s}",
             flush=True,
         )
 

@@ -36,7 +36,9 @@ from infertune.tuner.cost import CostBasis
 from infertune.tuner.search import (
     FAILED_COST,
     Evaluation,
+    ProgressFn,
     ReportFn,
+    best_value,
     evaluation_of,
     minimises,
     objective_value,
@@ -269,6 +271,7 @@ def race(
     baseline: Candidate | None = None,
     cost: CostBasis | None = None,
     log: Callable[[str], None] | None = None,
+    progress: ProgressFn | None = None,
 ) -> RaceResult:
     """Re-measure until `next_to_measure` says the race is over, the study holds `max_trials`
     counted trials, or `deadline` (time.monotonic) passes. Each re-measurement is enqueued and
@@ -311,6 +314,8 @@ def race(
         spent += 1
         if log is not None:
             log(f"race: measured {config.label()} again ({reason})")
+        if progress is not None:
+            progress(len(counted(study)), max_trials, ev, best_value(study, spec), "racing")
     return summarise(standings(study, spec, cost), spec, baseline, spent, reason)
 
 
@@ -380,18 +385,19 @@ def explore_then_race(
     started = time.monotonic()
     deadline = started + max_seconds
     hold = race_budget(max_trials, race_share)
+    progress: ProgressFn | None = explore.pop("progress", None)  # shows the whole budget
 
     def explore_until(n: int) -> None:
         left = deadline - time.monotonic()
         if left > 0 and len(counted(study)) < n:
             run_study(study, space, spec, evaluate, max_trials=n, max_seconds=left, cost=cost,
-                      **explore)  # fmt: skip
+                      progress=progress, budget=max_trials, **explore)  # fmt: skip
 
     explore_until(max_trials - hold)
     result = race(study, space, spec, evaluate, max_trials=max_trials, deadline=deadline,
-                  baseline=baseline, cost=cost, log=log)  # fmt: skip
+                  baseline=baseline, cost=cost, log=log, progress=progress)  # fmt: skip
     if len(counted(study)) < max_trials:
         explore_until(max_trials)
         result = race(study, space, spec, evaluate, max_trials=max_trials, deadline=deadline,
-                      baseline=baseline, cost=cost, log=log)  # fmt: skip
+                      baseline=baseline, cost=cost, log=log, progress=progress)  # fmt: skip
     return result

@@ -80,8 +80,11 @@ class TuningResult:
 
     @property
     def trials_completed(self) -> int:
-        """Trials that spent the budget (not ones still running, nor ones whose worker died)."""
-        return sum(1 for t in self.trials if t.outcome not in ("running", "failed-stale"))
+        """Trials that spent the budget, as study.py counts it: finished ones (measured, pruned or
+        failed), not ones still running, never started (waiting) or whose worker died."""
+        return sum(
+            1 for t in self.trials if t.outcome not in ("running", "waiting", "failed-stale")
+        )
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in self.__dict__.items() if k not in ("trials", "best", "pareto")}

@@ -43,7 +43,9 @@ from infertune.tuner.verdict import figure_key
 ReportFn = Callable[[int, float], bool]
 # A minimised objective's value for a trial that produced nothing: finite, for every sampler.
 FAILED_COST = 1e12
-ProgressFn = Callable[[int, int, "Evaluation", float | None], None]
+# (counted trials, the whole budget maxTrials, the trial's evaluation, best so far, phase):
+# the phase is "exploring" (this study loop) or "racing" (racing.py's re-measurements).
+ProgressFn = Callable[[int, int, "Evaluation", float | None, str], None]
 PlanFn = Callable[[dict[Candidate, dict[str, float]]], Candidate | None]
 
 
@@ -198,10 +200,13 @@ def run_study(
     stale_after: float = GRACE_PERIOD,
     plan_next: PlanFn | None = None,
     cost: CostBasis | None = None,
+    budget: int | None = None,
 ) -> None:
-    """Ask, measure, tell until the budget is spent. `plan_next`, when given, is asked for a
-    configuration to enqueue whenever no enqueued trial is waiting (the seed planner: it sees what
-    was measured so far and returns None once it has no more seeds)."""
+    """Ask, measure, tell until `max_trials` are counted. `budget` (default `max_trials`) is the
+    whole budget the progress line shows when this loop explores only part of it (racing.py).
+    `plan_next`, when given, is asked for a configuration to enqueue whenever no enqueued trial is
+    waiting (the seed planner: it sees what was measured so far and returns None once it has no
+    more seeds)."""
     started = time.monotonic()
     measured = recorded(study)
     asks = 0
@@ -263,7 +268,7 @@ def run_study(
             study.tell(trial, values)
         if progress is not None and previous is None:
             best = best_value(study, spec)
-            progress(len(counted(study)), max_trials, ev, best)
+            progress(len(counted(study)), budget or max_trials, ev, best, "exploring")
     # Other workers' last trials: the result is assembled from the finished study.
     settle(study, stale_after, timeout=float(spec.budget.trial_timeout) + stale_after + 60)
 

@@ -289,9 +289,14 @@ def run_tuning(spec: TuningSpec, opts: TuneOptions) -> TuningResult:
 
 
 def trial_records(study: optuna.Study, spec: TuningSpec) -> list[TrialRecord]:
+    """The trials this run started: COMPLETE, PRUNED, FAIL, and RUNNING when another worker was
+    still measuring at the end. Not WAITING ones -- an enqueued warm-start seed or a dead worker's
+    retry that no worker took before the budget ran out never ran -- nor duplicates (repeats
+    answered from an earlier measurement, warm-start trials transferred from a prior study,
+    trials given back over the budget): none of them is a measurement of this run."""
     out: list[TrialRecord] = []
     for t in study.get_trials(deepcopy=False):
-        if t.user_attrs.get(DUPLICATE_ATTR):
+        if t.state == TrialState.WAITING or t.user_attrs.get(DUPLICATE_ATTR):
             continue
         ev = evaluation_of(t)
         if ev is None:
