@@ -401,6 +401,8 @@ def teardown(state_dir: Path, containerd: Any = None) -> None:
         _stop_pid(int(pids["containerd"]))
     # Shims whose containerd is gone (a crash): their command line names the state's socket.
     for proc in Path("/proc").glob("[0-9]*"):
+        if proc.name in (str(os.getpid()), str(os.getppid())):
+            continue  # the caller itself (its command line may name the state dir)
         with contextlib.suppress(OSError):
             cmd = proc.joinpath("cmdline").read_bytes()
             if b"containerd-shim" in cmd and str(sock).encode() in cmd:

@@ -69,6 +69,7 @@ push() {  # push NAME REF -> OCI archive (the ref is kept in the archive's index
     if [[ ! -s "$archive" ]]; then
         lock
         rm -f "$OUT/$name"-*.oci.tar
+        rm -f "$archive.tmp"
         "${BA[@]}" push -q "$ref" "oci-archive:$archive.tmp:$ref" >&2
         mv "$archive.tmp" "$archive"
     fi
