@@ -74,7 +74,11 @@ def connection_info(api_client: Any) -> kopf.ConnectionInfo:
     raw = next(
         (v for k, v in (cfg.api_key or {}).items() if k in ("authorization", "BearerToken")), None
     )
-    token = str(raw).removeprefix("Bearer ").strip() if raw else None
+    # The kubernetes client's in-cluster loader stores "bearer <token>" (lower case): kopf adds
+    # its own scheme, so any case of the prefix goes (else the API server sees "Bearer bearer ...").
+    token = str(raw).strip() if raw else None
+    if token and token[:7].lower() == "bearer ":
+        token = token[7:].strip()
     return kopf.ConnectionInfo(
         server=cfg.host,
         ca_path=cfg.ssl_ca_cert,
