@@ -258,9 +258,7 @@ def decode_roofline(model_dir: Path, precision: str) -> list[dict[str, Any]]:
     """The built-in engine's decode at c=1 against the time to read its weights once."""
     cfg = LlamaConfig.from_dir(model_dir)
     with builtin_server(model_dir, precision) as url:
-        itls = [
-            load(url, 1, model_dir, SERVED, duration=WINDOW).itl.p50 or 0.0 for _ in range(PAIRS)
-        ]
+        itls = [load(url, 1, model_dir, 99 + i).itl.p50 or 0.0 for i in range(PAIRS)]
     bandwidth = copy_bandwidth()
     itl = statistics.median(itls)
     floor_ms = 1e3 * weight_bytes(cfg, precision) / bandwidth
