@@ -27,13 +27,11 @@ from urllib.parse import urlparse
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
 from infertune.tuner.model_shape import ModelShape
-from infertune.tuner.modelprofile import ModelProfile, PhaseResult, PrecisionProfile
+from infertune.tuner.modelprofile import ModelProfile, PrecisionProfile, phase_result
 from infertune.tuner.process import TrialError
 from infertune.tuner.roofline import (
     Ceilings,
-    PhaseFloor,
     StepModel,
-    classify,
     decode_floor,
     fit_step_model,
     kv_dtype,
@@ -168,23 +166,6 @@ def _concurrent(
     return time.perf_counter() - start, min(n for _, n in got)
 
 
-def _phase(
-    name: str, tokens: int, measured: float, floor: PhaseFloor, launch: float
-) -> PhaseResult:
-    bound, percent = classify(measured, floor, launch)
-    return PhaseResult(
-        phase=name,
-        tokens=tokens,
-        measured_ms=measured,
-        floor_ms=floor.floor_ms,
-        compute_floor_ms=floor.compute_ms,
-        memory_floor_ms=floor.memory_ms,
-        launch_ms=launch,
-        bound=bound,
-        percent_of_roofline=percent,
-    )
-
-
 def profile_of(t: ApiTimings, shape: ModelShape, ceilings: Ceilings) -> PrecisionProfile:
     """The precision's profile on its engine. Lines through the measured points and through
     the floors at the same points: the measured intercept beyond the floors' (reading the
@@ -207,9 +188,9 @@ def profile_of(t: ApiTimings, shape: ModelShape, ceilings: Ceilings) -> Precisio
         weight_bytes=shape.read_bytes(q),
         kv_bytes_per_token=shape.kv_bytes_per_token(kv_dtype(q, ceilings.device)),
         flops_per_token=shape.flops_per_token(ctx),
-        prefill=_phase("prefill", longest, t.ttft_ms[longest], pre[longest], prefill_launch),
-        decode=_phase("decode", b1, t.step_ms[b1], dec[b1], decode_launch),
-        decode_batched=_phase("decode", bn, t.step_ms[bn], dec[bn], decode_launch),
+        prefill=phase_result("prefill", longest, t.ttft_ms[longest], pre[longest], prefill_launch),
+        decode=phase_result("decode", b1, t.step_ms[b1], dec[b1], decode_launch),
+        decode_batched=phase_result("decode", bn, t.step_ms[bn], dec[bn], decode_launch),
         # Decode steps set the line (what ITL and throughput follow); prefill's per-token slope
         # is the better estimate of a token's cost in a long chunk when it is the larger.
         step_model=StepModel(

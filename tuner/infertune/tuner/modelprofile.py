@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from infertune.tuner.roofline import Ceilings, StepModel
+from infertune.tuner.roofline import Ceilings, PhaseFloor, StepModel, classify
 
 
 @dataclass
@@ -35,6 +35,36 @@ class PhaseResult:
         if self.percent_of_roofline is not None:
             out["percentOfRoofline"] = round(self.percent_of_roofline, 2)
         return out
+
+
+def phase_result(
+    name: str,
+    tokens: int,
+    measured: float,
+    floor: PhaseFloor,
+    launch: float | None,
+    *,
+    kernel_ms: dict[str, float] | None = None,
+    host_gap_ms: float | None = None,
+    operators: int | None = None,
+) -> PhaseResult:
+    """One measured phase against its floor, classified (roofline.classify): the one place the
+    built-in profiler (profiler.py) and an engine's API calibration (calibration.py) build it."""
+    bound, percent = classify(measured, floor, launch)
+    return PhaseResult(
+        phase=name,
+        tokens=tokens,
+        measured_ms=measured,
+        floor_ms=floor.floor_ms,
+        compute_floor_ms=floor.compute_ms,
+        memory_floor_ms=floor.memory_ms,
+        launch_ms=launch,
+        bound=bound,
+        percent_of_roofline=percent,
+        kernel_ms={} if kernel_ms is None else kernel_ms,
+        host_gap_ms=host_gap_ms,
+        operators=operators,
+    )
 
 
 @dataclass

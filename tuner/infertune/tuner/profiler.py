@@ -27,11 +27,10 @@ from infertune.engine.config import LlamaConfig
 from infertune.engine.runner import ModelRunner, StepInput
 from infertune.tuner.hardware import Hardware
 from infertune.tuner.model_shape import ModelShape
-from infertune.tuner.modelprofile import ModelProfile, PhaseResult, PrecisionProfile
+from infertune.tuner.modelprofile import ModelProfile, PhaseResult, PrecisionProfile, phase_result
 from infertune.tuner.roofline import (
     Ceilings,
     PhaseFloor,
-    classify,
     decode_floor,
     fit_step_model,
     kv_dtype,
@@ -167,21 +166,18 @@ def _phase(
     ceilings: Ceilings,
     trace: tuple[dict[str, float], float, int, float] | None,
 ) -> PhaseResult:
-    launch = None if trace is None else trace[2] * ceilings.launch_overhead_us / 1e3
-    bound, percent = classify(measured, floor, launch)
-    return PhaseResult(
-        phase=name,
-        tokens=tokens,
-        measured_ms=measured,
-        floor_ms=floor.floor_ms,
-        compute_floor_ms=floor.compute_ms,
-        memory_floor_ms=floor.memory_ms,
-        launch_ms=launch,
-        bound=bound,
-        percent_of_roofline=percent,
-        kernel_ms={} if trace is None else trace[0],
-        host_gap_ms=None if trace is None else trace[1],
-        operators=None if trace is None else trace[2],
+    if trace is None:
+        return phase_result(name, tokens, measured, floor, None)
+    kernel_ms, host_gap_ms, operators, _ = trace
+    return phase_result(
+        name,
+        tokens,
+        measured,
+        floor,
+        operators * ceilings.launch_overhead_us / 1e3,
+        kernel_ms=kernel_ms,
+        host_gap_ms=host_gap_ms,
+        operators=operators,
     )
 
 
