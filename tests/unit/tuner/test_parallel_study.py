@@ -15,6 +15,7 @@ from typing import Any
 import optuna
 import pytest
 from optuna.trial import TrialState
+from study_helpers import builtin_search, tpe_study
 
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
@@ -32,9 +33,7 @@ from infertune.tuner.study import (
     fail_stale,
     give_back,
     in_flight,
-    make_sampler,
     measuring_seconds,
-    open_study,
     params_of,
     settle,
     shared_storage_problem,
@@ -49,14 +48,7 @@ SPEC = {
     "model": {"uri": "builtin://tiny"},
     "slo": {"ttft": {"max": "500ms"}, "itl": {"max": "50ms"}},
     "traffic": {"rate": 4, "numRequests": 20},
-    "search": {
-        "engines": ["builtin"],
-        "quantizations": ["fp32", "int8"],
-        "maxNumSeqs": {"values": [1, 2, 4, 8, 16]},
-        "maxNumBatchedTokens": {"values": [128, 256, 512]},
-        "kvBlockSizes": [16],
-        "seed": 3,
-    },
+    "search": builtin_search([1, 2, 4, 8, 16], [128, 256, 512], seed=3),
     "budget": {"maxTrials": 9, "parallelTrials": 3},
 }
 
@@ -76,8 +68,7 @@ def _space() -> Space:
 
 
 def _study(url: str, name: str = "par", seed: int = 1) -> optuna.Study:
-    sampler = make_sampler("tpe", _space(), seed=seed, multi_objective=False, startup_trials=3)
-    return open_study(name, url, sampler, multi_objective=False)
+    return tpe_study(_space(), url, name, seed=seed)
 
 
 def _worker(url: str, index: int) -> None:

@@ -10,6 +10,7 @@ import random
 
 import optuna
 import pytest
+from study_helpers import builtin_search, tpe_study
 
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
@@ -24,7 +25,7 @@ from infertune.tuner.racing import (
 )
 from infertune.tuner.search import Evaluation, ReportFn, run_study
 from infertune.tuner.space import Space, build_space
-from infertune.tuner.study import counted, make_sampler, open_study, params_of
+from infertune.tuner.study import counted, params_of
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -33,13 +34,7 @@ SPEC = TuningSpec.model_validate(
         "model": {"uri": "builtin://tiny"},
         "slo": {"ttft": {"max": "500ms"}, "itl": {"max": "50ms"}},
         "traffic": {"rate": 4, "numRequests": 20},
-        "search": {
-            "engines": ["builtin"],
-            "quantizations": ["fp32", "int8"],
-            "maxNumSeqs": {"values": [2, 4, 8, 16]},
-            "maxNumBatchedTokens": {"values": [128, 512]},
-            "kvBlockSizes": [16],
-        },
+        "search": builtin_search([2, 4, 8, 16]),
     }
 )
 
@@ -82,8 +77,7 @@ def space(cpu: Hardware) -> Space:
 
 
 def new_study(space: Space, name: str = "race") -> optuna.Study:
-    sampler = make_sampler("tpe", space, seed=1, multi_objective=False, startup_trials=3)
-    return open_study(name, None, sampler, multi_objective=False)
+    return tpe_study(space, None, name)
 
 
 def measure_once(study: optuna.Study, space: Space, evaluate: Noisy, configs: list[Candidate]):

@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from study_helpers import builtin_search, tpe_study
 
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.candidate import Candidate
@@ -23,8 +24,6 @@ from infertune.tuner.study import (
     STALE_ATTR,
     counted,
     fail_stale,
-    make_sampler,
-    open_study,
     storage_for,
     suggest,
 )
@@ -36,14 +35,7 @@ SPEC = TuningSpec.model_validate(
         "model": {"uri": "builtin://tiny"},
         "slo": {"ttft": {"max": "500ms"}, "itl": {"max": "50ms"}},
         "traffic": {"rate": 4, "numRequests": 20},
-        "search": {
-            "engines": ["builtin"],
-            "quantizations": ["fp32", "int8"],
-            "maxNumSeqs": {"values": [1, 4, 16]},
-            "maxNumBatchedTokens": {"values": [128, 512]},
-            "kvBlockSizes": [16],
-            "seed": 3,
-        },
+        "search": builtin_search([1, 4, 16], seed=3),
     }
 )
 
@@ -69,8 +61,7 @@ def space(cpu: Hardware) -> Space:
 
 
 def study(space: Space, storage: str | None, name: str = "s") -> optuna.Study:
-    sampler = make_sampler("tpe", space, seed=1, multi_objective=False, startup_trials=3)
-    return open_study(name, storage, sampler, multi_objective=False)
+    return tpe_study(space, storage, name)
 
 
 @pytest.mark.parametrize("kind", ["memory", "sqlite", "journal"])

@@ -11,6 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 from optuna.trial import TrialState
+from study_helpers import builtin_search, tpe_study
 
 from infertune.tuner.api import TuningSpec
 from infertune.tuner.campaign import run_campaign
@@ -26,8 +27,6 @@ from infertune.tuner.study import (
     HEARTBEAT_ATTR,
     counted,
     fail_stale,
-    make_sampler,
-    open_study,
     suggest,
 )
 from infertune.tuner.tune import trial_records
@@ -41,14 +40,7 @@ def spec(rate: float = 4.0) -> TuningSpec:
             "model": {"uri": "builtin://tiny"},
             "slo": {"ttft": {"max": "500ms"}},
             "traffic": {"rate": rate, "numRequests": 20},
-            "search": {
-                "engines": ["builtin"],
-                "quantizations": ["fp32", "int8"],
-                "maxNumSeqs": {"values": [2, 4, 8, 16]},
-                "maxNumBatchedTokens": {"values": [128, 512]},
-                "kvBlockSizes": [16],
-                "seed": 1,
-            },
+            "search": builtin_search([2, 4, 8, 16], seed=1),
         }
     )
 
@@ -60,8 +52,7 @@ def landscape(c: Candidate, report: ReportFn) -> Evaluation:
 
 
 def study_in(storage: str | None, space: Space, name: str) -> optuna.Study:
-    sampler = make_sampler("tpe", space, seed=1, multi_objective=False, startup_trials=3)
-    return open_study(name, storage, sampler, multi_objective=False)
+    return tpe_study(space, storage, name)
 
 
 def result_of(study: optuna.Study, s: TuningSpec, budget: int) -> TuningResult:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from study_helpers import builtin_search, tpe_study
 
 from infertune.operator.summary import parse_summary
 from infertune.tuner.api import TuningSpec
@@ -19,7 +20,7 @@ from infertune.tuner.racing import standings
 from infertune.tuner.result import TuningResult, compact_summary
 from infertune.tuner.search import Evaluation, ReportFn
 from infertune.tuner.space import Space, build_space
-from infertune.tuner.study import DUPLICATE_ATTR, SEED_ATTR, counted, make_sampler, open_study
+from infertune.tuner.study import DUPLICATE_ATTR, SEED_ATTR, counted, open_study
 from infertune.tuner.tune import trial_records
 from infertune.tuner.warm_start import (
     TRANSFERRED_ATTR,
@@ -39,14 +40,7 @@ def spec(rate: float = 4.0, prompt: int = 128, model: str = "builtin://tiny") ->
             "model": {"uri": model},
             "slo": {"ttft": {"max": "500ms"}},
             "traffic": {"rate": rate, "numRequests": 20, "promptTokens": {"mean": prompt}},
-            "search": {
-                "engines": ["builtin"],
-                "quantizations": ["fp32", "int8"],
-                "maxNumSeqs": {"values": [2, 4, 8, 16]},
-                "maxNumBatchedTokens": {"values": [128, 512]},
-                "kvBlockSizes": [16],
-                "seed": 1,
-            },
+            "search": builtin_search([2, 4, 8, 16], seed=1),
         }
     )
 
@@ -67,8 +61,7 @@ def storage(tmp_path: Path) -> str:
 
 
 def campaign(space: Space, s: TuningSpec, storage: str, name: str, trials: int):
-    sampler = make_sampler("tpe", space, seed=1, multi_objective=False, startup_trials=4)
-    study = open_study(name, storage, sampler, multi_objective=False)
+    study = tpe_study(space, storage, name, startup_trials=4)
     out = run_campaign(study, space, s, landscape, hardware="Test CPU", max_trials=trials,
                        max_seconds=120, log=lambda _: None)  # fmt: skip
     return study, out
