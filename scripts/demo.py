@@ -363,6 +363,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     # SIGTERM tears down like Ctrl-C (the `finally` below).
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # And Ctrl-C tears down even when the demo was started with SIGINT ignored (a background job
+    # of a non-interactive shell, a CI runner, `make test` under one): Python keeps an inherited
+    # SIG_IGN, and the demo then ran on past the interrupt with everything it had started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     stack = Stack(args.namespace, args.out, existing=args.cluster == "existing", say=say)
     facts: dict[str, Any] = {}
     code = 1

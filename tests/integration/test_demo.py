@@ -48,11 +48,17 @@ def _leftovers(record: dict[str, Any]) -> list[str]:
 def _run_demo(
     tmp_path: Path, *extra: str, namespace: str = "demo-test", env: dict[str, str] | None = None
 ) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, str(DEMO), "--out", str(tmp_path / "out"), "--record", str(tmp_path / "record.json"),
-         "--namespace", namespace, *extra],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+    # Started with SIGINT ignored, as a CI runner or a non-interactive shell's background job
+    # starts it (the child inherits SIG_IGN): Ctrl-C must tear the demo down all the same.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return subprocess.Popen(
+            [sys.executable, str(DEMO), "--out", str(tmp_path / "out"), "--record", str(tmp_path / "record.json"),
+             "--namespace", namespace, *extra],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _interrupt_once(proc: subprocess.Popen[str], marker: str, timeout: float = 600) -> str:
