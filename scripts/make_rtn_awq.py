@@ -16,12 +16,10 @@ RTN in AWQ's layout, the plain baseline a real AWQ checkpoint improves on. Serve
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from rtn_checkpoint import write_checkpoint
 
 GROUP = 64
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AutoAWQ's pack order of 8 codes in an int32
@@ -57,30 +55,14 @@ def main() -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--group-size", type=int, default=GROUP)
     args = p.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, w in load_file(args.model / "model.safetensors").items():
-        if name.endswith("_proj.weight") and w.ndim == 2:
-            base = name.removesuffix(".weight")
-            for part, t in quantize(w, args.group_size).items():
-                tensors[f"{base}.{part}"] = t
-        else:
-            tensors[name] = w.to(torch.bfloat16).contiguous()
-    save_file(tensors, args.out / "model.safetensors", metadata={"format": "pt"})
-    cfg = json.loads((args.model / "config.json").read_text())
-    cfg["torch_dtype"] = "bfloat16"
-    cfg["quantization_config"] = {
+    config = {
         "quant_method": "awq",
         "bits": 4,
         "group_size": args.group_size,
         "zero_point": True,
         "version": "gemm",
     }
-    (args.out / "config.json").write_text(json.dumps(cfg, indent=2))
-    for f in args.model.iterdir():
-        if f.is_file() and f.name not in ("config.json", "model.safetensors"):
-            shutil.copy(f, args.out / f.name)
-    print(f"wrote {args.out}")
+    write_checkpoint(args.model, args.out, lambda w: quantize(w, args.group_size), config)
 
 
 if __name__ == "__main__":

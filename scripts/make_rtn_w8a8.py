@@ -14,12 +14,17 @@ with ``model.variants.int8 = {uri: OUT, method: compressed-tensors}``.
 from __future__ import annotations
 
 import argparse
-import json
-import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from rtn_checkpoint import write_checkpoint
+
+
+def quantize(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """int8 codes with one symmetric scale per output channel."""
+    scale = (w.float().abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)
+    codes = torch.clamp(torch.round(w.float() / scale), -127, 127).to(torch.int8)
+    return {"weight": codes, "weight_scale": scale.contiguous()}
 
 
 def main() -> None:
@@ -27,19 +32,7 @@ def main() -> None:
     p.add_argument("model", type=Path, help="a Hugging Face checkpoint (model.safetensors)")
     p.add_argument("out", type=Path)
     args = p.parse_args()
-    args.out.mkdir(parents=True, exist_ok=True)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, w in load_file(args.model / "model.safetensors").items():
-        if name.endswith("_proj.weight") and w.ndim == 2:
-            scale = (w.float().abs().amax(dim=1, keepdim=True) / 127).clamp(min=1e-12)
-            tensors[name] = torch.clamp(torch.round(w.float() / scale), -127, 127).to(torch.int8)
-            tensors[name.removesuffix(".weight") + ".weight_scale"] = scale.contiguous()
-        else:
-            tensors[name] = w.to(torch.bfloat16).contiguous()
-    save_file(tensors, args.out / "model.safetensors", metadata={"format": "pt"})
-    cfg = json.loads((args.model / "config.json").read_text())
-    cfg["torch_dtype"] = "bfloat16"
-    cfg["quantization_config"] = {
+    config = {
         "quant_method": "compressed-tensors",
         "format": "int-quantized",
         "quantization_status": "compressed",
@@ -64,11 +57,7 @@ def main() -> None:
         },
         "ignore": ["lm_head"],
     }
-    (args.out / "config.json").write_text(json.dumps(cfg, indent=2))
-    for f in args.model.iterdir():
-        if f.is_file() and f.name not in ("config.json", "model.safetensors"):
-            shutil.copy(f, args.out / f.name)
-    print(f"wrote {args.out}")
+    write_checkpoint(args.model, args.out, quantize, config)
 
 
 if __name__ == "__main__":
