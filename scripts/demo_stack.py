@@ -247,6 +247,9 @@ class Stack:
         argv = [
             INFERTUNE, "operator", "--namespace", self.namespace,
             "--metrics-port", str(metrics_port), "--monitor-tick", "2",
+            # The SmolLM2 demo's shifted load is 0.2 req/s: a 30 s window holds ~6 requests, so the
+            # default of 20 would never let TrafficDrift be judged (the retune then hung on luck).
+            "--drift-min-requests", "5",
         ]  # fmt: skip
         if prometheus_url:
             argv += ["--prometheus-url", prometheus_url]
